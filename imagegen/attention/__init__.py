@@ -1,0 +1,64 @@
+"""Causal self-attentions behind one protocol, chosen by name from a registry.
+
+Every attention module maps x (N, L, D) -> (N, L, D) with D = d_model and offers:
+- `forward(x)`: the whole causal sequence (training, evaluation, recompute sampling);
+- `init_state(batch, max_len, device, dtype)`: the decoding state;
+- `step(x_t, state) -> (y_t, state)`: one position, x_t and y_t (N, D).
+`can_step` is False for attentions with no incremental state (LSH). The invariant:
+stepping through a sequence gives the outputs of `forward` on it.
+Shape letters: N batch, L length, D model dim, H heads, E query/key dim, M value dim.
+"""
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+ATTENTIONS = {}
+
+
+def register(name):
+    def wrap(cls):
+        ATTENTIONS[name] = cls
+        cls.name = name
+        return cls
+    return wrap
+
+
+def make_attention(name, d_model, n_heads, **options):
+    if name not in ATTENTIONS:
+        raise UserError(f"unknown attention {name!r}; choose one of {sorted(ATTENTIONS)}.")
+    return ATTENTIONS[name](d_model, n_heads, **options)
+
+
+class Attention(nn.Module):
+    """Base: heads bookkeeping and the output projection.
+
+    Args: d_model (D), n_heads (H); D must be a multiple of H, E = M = D / H."""
+    can_step = True
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        if d_model % n_heads:
+            raise UserError(f"d_model={d_model} is not a multiple of n_heads={n_heads}; pick values that divide.")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.out = nn.Linear(d_model, d_model)
+
+    def split(self, x):
+        """(N, L, D) -> (N, H, L, E)."""
+        N, L, _ = x.shape
+        return x.view(N, L, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def merge(self, y):
+        """(N, H, L, M) -> (N, L, D) through the output projection."""
+        N, H, L, M = y.shape
+        return self.out(y.transpose(1, 2).reshape(N, L, H * M))
+
+    def init_state(self, batch, max_len, device, dtype):
+        raise NotImplementedError(f"{self.name} attention has no incremental state; sample it by recomputing "
+                                  f"the prefix (sampler=recompute).")
+
+    def step(self, x_t, state):
+        return self.init_state(0, 0, None, None)
+
+
+from . import linear, lsh, softmax  # noqa: E402,F401  (fill the registry)

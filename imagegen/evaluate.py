@@ -1,0 +1,57 @@
+"""imagegen-eval: exact bits/dim of a checkpoint on a split (Hydra app; see conf/eval.yaml)."""
+import json
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from . import checkpoint
+from .cli import hydra_entry, resolve_device
+from .data import load_split
+from .errors import UserError
+from .trainer import LN2, total_nll
+
+
+def evaluate(cfg, device):
+    """Returns the result dict; also writes it to <checkpoint stem>.<split>.json beside the checkpoint."""
+    path = Path(cfg["checkpoint"])
+    ck = checkpoint.load(path)
+    model = checkpoint.model_from_checkpoint(ck, path).to(device)
+    d = dict(ck["config"]["data"])
+    d.update({k: v for k, v in cfg["data"].items() if v is not None})
+    x = load_split(d["name"], d["root"], cfg["split"], val_fraction=d["val_fraction"], seed=d["split_seed"],
+                   download_missing=d["download"])[0]
+    if cfg["max_images"]:
+        x = x[: cfg["max_images"]]
+    lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]
+    draws = cfg["lsh_draws"] if lsh else 1
+    if draws < 1:
+        raise UserError(f"lsh_draws must be >= 1 (got {draws}).")
+    start = time.perf_counter()
+    nats = []
+    for draw in range(draws):   # LSH: average the NLL over seeded hash draws
+        for attn in lsh:
+            attn.eval_seed = cfg["lsh_seed"] + draw
+        nats.append(total_nll(model, x, cfg["batch_size"], device, progress=cfg["progress"],
+                              desc=f"{cfg['split']} draw {draw + 1}/{draws}" if lsh else cfg["split"]))
+    bpd = sum(nats) / len(nats) / (x.numel() * LN2)
+    result = {"bits_per_dim": bpd, "split": cfg["split"], "images": len(x), "dims": x.shape[1],
+              "attention": ck["config"]["model"]["attention"], "lsh_draws": draws,
+              "checkpoint": str(path), "checkpoint_step": ck.get("state", {}).get("step"),
+              "checkpoint_mtime": path.stat().st_mtime, "seconds": time.perf_counter() - start}
+    out = path.with_name(f"{path.stem}.{cfg['split']}.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{len(x)} {cfg['split']} images, {draws} draw(s), {result['seconds']:.1f} s; wrote {out}")
+    print(f"bits/dim: {bpd:.4f}")
+    return result
+
+
+def task(cfg):
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    evaluate(plain, resolve_device(plain["device"], plain["threads"]))
+
+
+main = hydra_entry("eval", task)
+
+if __name__ == "__main__":
+    main()

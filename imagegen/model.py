@@ -1,0 +1,101 @@
+"""PixelTransformer: a decoder-only transformer over the D sub-pixels of an image.
+
+Input  x (N, D) uint8. The model reads [START, x_0, ..., x_{D-2}] and predicts x_0..x_{D-1},
+so every one of the D sub-pixels is scored. Embedding = byte + pixel position (+ channel
+for colour). Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
+registry by name. The head maps each position to P distribution parameters.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import make_attention
+from .likelihood import make_head
+
+START = 256  # token id of the start symbol; bytes are 0..255
+
+
+class Block(nn.Module):
+    def __init__(self, attention, d_model, n_heads, d_ff, dropout, attention_options):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = make_attention(attention, d_model, n_heads, **attention_options)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):                                    # (N, L, D)
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.ff(self.ln2(x)))
+
+    def step(self, x_t, state):                              # (N, D)
+        y, state = self.attn.step(self.ln1(x_t), state)
+        x_t = x_t + y
+        return x_t + self.ff(self.ln2(x_t)), state
+
+
+class PixelTransformer(nn.Module):
+    """Args: length (D sub-pixels), channels (1 or 3), attention (registry name),
+    n_layers, d_model, n_heads, d_ff, head ('mixture' or 'categorical'), n_mixtures,
+    dropout, attention_options (dict passed to the attention class)."""
+
+    def __init__(self, length, channels, attention="linear", n_layers=4, d_model=128, n_heads=4, d_ff=512,
+                 head="mixture", n_mixtures=10, dropout=0.0, attention_options=None):
+        super().__init__()
+        self.length, self.channels = length, channels
+        self.head = make_head(head, n_mixtures)
+        self.tok = nn.Embedding(257, d_model)
+        self.pos = nn.Embedding(length // channels, d_model)
+        self.chan = nn.Embedding(channels, d_model)
+        self.blocks = nn.ModuleList(Block(attention, d_model, n_heads, d_ff, dropout, dict(attention_options or {}))
+                                    for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.proj = nn.Linear(d_model, self.head.n_params)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    @property
+    def can_step(self):
+        return all(b.attn.can_step for b in self.blocks)
+
+    def embed(self, tokens, t):
+        """tokens (N, L) long at positions t (L,) -> (N, L, D)."""
+        return self.tok(tokens) + self.pos(t // self.channels) + self.chan(t % self.channels)
+
+    def forward(self, x):
+        """x (N, L) uint8 with L <= D -> distribution parameters (N, L, P) for x_0..x_{L-1}."""
+        N, L = x.shape
+        tokens = torch.cat([torch.full((N, 1), START, device=x.device, dtype=torch.long), x[:, :-1].long()], 1)
+        h = self.embed(tokens, torch.arange(L, device=x.device))
+        for block in self.blocks:
+            h = block(h)
+        return self.proj(self.ln_f(h))
+
+    def nll(self, x):
+        """Negative log-likelihood in nats of each sub-pixel, (N, D)."""
+        return -self.head.log_prob(self(x), x)
+
+    def init_state(self, batch, device, dtype=torch.float32):
+        return {"t": 0, "layers": [b.attn.init_state(batch, self.length, device, dtype) for b in self.blocks]}
+
+    def step(self, token, state):
+        """token (N,) long: the byte at position t-1 (START for t = 0) -> parameters (N, P) for x_t."""
+        t = torch.tensor(state["t"], device=token.device)
+        h = self.embed(token, t)
+        for i, block in enumerate(self.blocks):
+            h, state["layers"][i] = block.step(h, state["layers"][i])
+        state["t"] += 1
+        return self.proj(self.ln_f(h)), state
+
+
+def build_model(model_cfg, info):
+    """Model from the `model` config section (a dict) and a DatasetInfo."""
+    keys = ("attention", "n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "dropout",
+            "attention_options")
+    return PixelTransformer(info.length, info.channels, **{k: model_cfg[k] for k in keys if k in model_cfg})

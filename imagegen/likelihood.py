@@ -77,13 +77,16 @@ def make_head(name, n_mixtures=10):
 
 
 def sample(head, params, temperature=1.0, generator=None):
-    """Draw one byte per row of params (B, P) from the head's own probabilities,
-    sharpened as p^(1/temperature). Inverse-CDF with one uniform per row, so two
+    """Draw one byte per row of params (B, P) from the head's own probabilities (`log_probs`,
+    which `test_log_prob_agrees_with_log_probs` ties to the loss), sharpened as p^(1/temperature)."""
+    return draw(head.log_probs(params), temperature, generator)
+
+
+def draw(log_probs, temperature=1.0, generator=None):
+    """Inverse-CDF sampling from log-probabilities (B, 256) with one uniform per row, so two
     samplers that compute the same probabilities draw the same bytes."""
     if temperature <= 0:
         raise UserError(f"temperature must be > 0 (got {temperature}); use 1.0 for the model's own distribution.")
-    logp = head.log_probs(params).double() / temperature
-    cdf = torch.softmax(logp, dim=-1).cumsum(dim=-1)
-    u = torch.rand(params.shape[0], 1, generator=generator, dtype=torch.float64, device=params.device)
-    u = u * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).clamp(max=255).squeeze(-1).to(torch.uint8)
+    cdf = torch.softmax(log_probs.double() / temperature, dim=-1).cumsum(dim=-1)
+    u = torch.rand(log_probs.shape[0], 1, generator=generator, dtype=torch.float64, device=log_probs.device)
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=255).squeeze(-1).to(torch.uint8)

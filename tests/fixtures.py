@@ -1,0 +1,49 @@
+"""Small datasets written in the real on-disk formats (IDX, CIFAR-10 python batches)."""
+import gzip
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+
+def idx_bytes(array):
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def write_mnist(root, n_train=40, n_test=16, gz=True, seed=0):
+    """Blobby 28x28 'digits' (mostly 0 with bright strokes, like MNIST) in <root>/MNIST/raw."""
+    rng = np.random.default_rng(seed)
+    raw = Path(root) / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = np.zeros((n, 28, 28), np.uint8)
+        for img in images:
+            r, c = rng.integers(6, 22, size=2)
+            img[r - 4:r + 4, c - 2:c + 2] = rng.integers(128, 256)
+        labels = rng.integers(0, 10, size=n).astype(np.uint8)
+        for kind, arr in (("images-idx3", images), ("labels-idx1", labels)):
+            name = f"{prefix}-{kind}-ubyte"
+            data = idx_bytes(arr)
+            if gz:
+                (raw / (name + ".gz")).write_bytes(gzip.compress(data))
+            else:
+                (raw / name).write_bytes(data)
+        out[prefix] = (images, labels)
+    return out
+
+
+def write_cifar(root, batches=("data_batch_1", "test_batch"), n=12, seed=0):
+    """Random CIFAR-10 python batches (channel-planar N x 3072 uint8) in <root>/cifar-10-batches-py."""
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name in batches:
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n).tolist()
+        with open(folder / name, "wb") as f:
+            pickle.dump({"data": data, "labels": labels, "filenames": [f"{i}.png" for i in range(n)]}, f)
+        out[name] = (data, labels)
+    return out

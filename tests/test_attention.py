@@ -1,0 +1,90 @@
+import pytest
+import torch
+
+from imagegen.attention import make_attention
+from imagegen.attention.lsh import LSHAttention
+
+ALL = {"softmax": {}, "linear": {}, "lsh": {"n_hashes": 2, "n_buckets": 4, "chunk_size": 8}}
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+@pytest.mark.parametrize("L", [37, 64])
+def test_output_at_t_ignores_later_inputs(name, L):
+    torch.manual_seed(0)
+    attn = make_attention(name, 32, 4, **ALL[name]).double().eval()
+    x = torch.randn(2, L, 32, dtype=torch.float64)
+    y = attn(x)
+    for t in (0, 5, L // 2, L - 2):
+        x2 = x.clone()
+        x2[:, t + 1:] = torch.randn_like(x2[:, t + 1:])
+        assert torch.allclose(attn(x2)[:, :t + 1], y[:, :t + 1], atol=1e-12, rtol=0), f"{name} leaks at t={t}"
+        assert not torch.allclose(attn(x2)[:, t + 1:], y[:, t + 1:])   # and later outputs do depend on them
+
+
+@pytest.mark.parametrize("name", ["softmax", "linear"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float64, 1e-10)])
+def test_step_matches_forward(name, dtype, tol):
+    torch.manual_seed(0)
+    attn = make_attention(name, 32, 4).to(dtype)
+    x = torch.randn(3, 41, 32, dtype=dtype)
+    state = attn.init_state(3, 41, "cpu", dtype)
+    steps = []
+    for t in range(41):
+        y_t, state = attn.step(x[:, t], state)
+        steps.append(y_t)
+    assert torch.allclose(torch.stack(steps, 1), attn(x), atol=tol, rtol=0)
+
+
+def lsh_reference(attn, x):
+    """Loop over queries: each attends to the chunk_size most recent earlier positions of its
+    bucket (itself when there are none), rounds combined by log-sum-exp weights."""
+    qk, v = attn.split(attn.qk(x)), attn.split(attn.v(x))          # (N, H, L, E)
+    N, H, L, E = qk.shape
+    rot = attn.rotations(x.device, x.dtype)                        # (H, E, R, B/2)
+    out = torch.zeros_like(v)
+    for n in range(N):
+        for h in range(H):
+            outs, lses = [], []
+            for r in range(attn.n_hashes):
+                proj = qk[n, h] @ rot[h, :, r]
+                bucket = torch.cat([proj, -proj], -1).argmax(-1)
+                o, lse = torch.zeros(L, E, dtype=x.dtype), torch.zeros(L, dtype=x.dtype)
+                for i in range(L):
+                    keys = [j for j in range(i) if bucket[j] == bucket[i]][-attn.chunk_size:] or [i]
+                    k = torch.nn.functional.normalize(qk[n, h, keys], dim=-1)
+                    s = k @ qk[n, h, i] * E ** -0.5
+                    if keys == [i]:
+                        s = s * 0 - 1e5
+                    o[i], lse[i] = torch.softmax(s, 0) @ v[n, h, keys], s.logsumexp(0)
+                outs.append(o)
+                lses.append(lse)
+            w = torch.softmax(torch.stack(lses), 0).unsqueeze(-1)
+            out[n, h] = (torch.stack(outs) * w).sum(0)
+    return attn.merge(out)
+
+
+@pytest.mark.parametrize("L,chunk", [(30, 8), (33, 4), (16, 16)])
+def test_lsh_matches_loop_reference(L, chunk):
+    torch.manual_seed(1)
+    attn = LSHAttention(16, 2, n_hashes=3, n_buckets=4, chunk_size=chunk).double().eval()
+    x = torch.randn(2, L, 16, dtype=torch.float64)
+    assert torch.allclose(attn(x), lsh_reference(attn, x), atol=1e-10)
+
+
+def test_lsh_eval_is_reproducible_and_train_is_random():
+    torch.manual_seed(0)
+    attn = LSHAttention(32, 4, n_buckets=8, chunk_size=4).eval()
+    x = torch.randn(2, 50, 32)
+    y = attn(x)
+    assert torch.equal(attn(x), y)
+    attn.eval_seed = 1
+    assert not torch.equal(attn(x), y)
+    attn.train()
+    assert not torch.equal(attn(x), attn(x))
+
+
+def test_lsh_cannot_step():
+    attn = LSHAttention(32, 4)
+    assert not attn.can_step
+    with pytest.raises(NotImplementedError, match="recompute"):
+        attn.init_state(1, 10, "cpu", torch.float32)

@@ -1,0 +1,79 @@
+"""End-to-end through the console scripts (subprocesses with Hydra overrides)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_mixtures=2",
+        "train.batch_size=4", "train.val_every=3", "train.val_images=4", "train.log_every=1", "train.warmup_steps=2",
+        "threads=1", "train.progress=false"]
+
+
+def run(cmd, *args, check=True):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    exe = os.path.join(os.path.dirname(sys.executable), cmd)
+    proc = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+    if check and proc.returncode:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def one_line_error(proc, pattern):
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert pattern in err, err
+
+
+@pytest.mark.slow
+def test_train_resume_eval_mnist(mnist_root, tmp_path):
+    run_dir = tmp_path / "run"
+    run("imagegen-train", "model=linear", f"data.root={mnist_root}", f"run_dir={run_dir}", "train.max_steps=4", *TINY)
+    assert (run_dir / "last.pt").exists() and (run_dir / "best.pt").exists()
+    assert torch.load(run_dir / "last.pt", weights_only=True)["state"]["step"] == 4
+
+    proc = run("imagegen-train", "model=linear", f"data.root={mnist_root}", f"run_dir={run_dir}",
+               "train.max_steps=6", *TINY)
+    assert "resuming" in proc.stdout and "at step 4" in proc.stdout
+    assert torch.load(run_dir / "last.pt", weights_only=True)["state"]["step"] == 6
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]
+
+    proc = run("imagegen-eval", f"checkpoint={run_dir / 'last.pt'}", "batch_size=8", "progress=false")
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("bits/dim: ") and 0 < float(last.split()[1]) < 9
+    result = json.loads((run_dir / "last.test.json").read_text())
+    assert result["images"] == 16 and result["checkpoint_step"] == 6
+
+    # resuming with a different architecture is refused in one sentence
+    one_line_error(run("imagegen-train", "model=softmax", f"data.root={mnist_root}", f"run_dir={run_dir}",
+                       "train.max_steps=8", *TINY, check=False), "different architecture")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["softmax", "lsh"])
+def test_train_and_eval_cifar(model, cifar_root, tmp_path):
+    run("imagegen-train", f"model={model}", "data=cifar10", f"data.root={cifar_root}", f"run_dir={tmp_path}",
+        "train.max_steps=2", *TINY[:-4], "train.val_images=2", "train.progress=false", "threads=1")
+    proc = run("imagegen-eval", f"checkpoint={tmp_path / 'best.pt'}", "max_images=2", "lsh_draws=2", "progress=false")
+    assert proc.stdout.strip().splitlines()[-1].startswith("bits/dim: ")
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["model=foo"], "unknown model 'foo'; choose one of: linear, lsh, lsh4, softmax."),
+    (["data=svhn"], "unknown data 'svhn'; choose one of: cifar10, mnist."),
+    (["preset=huge"], "unknown preset 'huge'; choose one of: paper_cifar, paper_mnist, small."),
+    (["data.root=/nonexistent", "run_dir=/tmp/imagegen-never"], "MNIST not found"),
+])
+def test_train_errors_are_one_sentence(args, pattern):
+    one_line_error(run("imagegen-train", *args, check=False), pattern)
+
+
+def test_eval_errors_are_one_sentence(tmp_path):
+    junk = tmp_path / "model.pt"
+    junk.write_bytes(b"\x00" * 100)
+    one_line_error(run("imagegen-eval", f"checkpoint={junk}", check=False), "not a readable checkpoint")
+    one_line_error(run("imagegen-eval", f"checkpoint={tmp_path / 'nope.pt'}", check=False), "does not exist")

@@ -1,0 +1,72 @@
+import math
+
+import pytest
+import torch
+
+from imagegen.errors import UserError
+from imagegen.likelihood import Categorical, LogisticMixture, draw, sample
+from imagegen.model import PixelTransformer
+from imagegen.trainer import bits_per_dim
+
+
+def mixture_params(logits, means, log_scales):
+    return torch.cat([logits, means, log_scales], dim=-1)
+
+
+@pytest.mark.parametrize("mean,log_scale", [(0.0, -2.0), (-5.0, 0.0), (5.0, 0.0), (0.3, -7.0), (-0.999, -9.0),
+                                            (1.0, -7.0), (0.0, 4.0), (0.0, -4.5)])
+def test_mixture_probabilities_sum_to_one_at_extremes(mean, log_scale):
+    head = LogisticMixture(3)
+    params = mixture_params(torch.tensor([[0.0, 1.0, -2.0]]), torch.full((1, 3), mean),
+                            torch.full((1, 3), log_scale)).double()
+    assert abs(head.log_probs(params).exp().sum().item() - 1) < 1e-4
+
+
+def test_mixture_probabilities_sum_to_one_random():
+    head = LogisticMixture(10)
+    params = torch.randn(200, 30) * 3
+    assert (head.log_probs(params).exp().sum(-1) - 1).abs().max() < 1e-4
+
+
+def test_mixture_edges_take_the_tails():
+    head = LogisticMixture(1)
+    far_left = mixture_params(torch.zeros(1, 1), torch.full((1, 1), -3.0), torch.full((1, 1), -3.0))
+    assert head.log_prob(far_left, torch.tensor([0])).exp().item() > 0.999
+
+
+def test_log_prob_agrees_with_log_probs():
+    head = LogisticMixture(4)
+    params = torch.randn(5, 12)
+    x = torch.randint(0, 256, (5,))
+    assert torch.allclose(head.log_prob(params, x), head.log_probs(params).gather(-1, x[:, None])[:, 0])
+
+
+def test_uniform_model_scores_exactly_eight_bits():
+    model = PixelTransformer(784, 1, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32, head="categorical")
+    torch.nn.init.zeros_(model.proj.weight)
+    torch.nn.init.zeros_(model.proj.bias)
+    x = torch.randint(0, 256, (5, 784), dtype=torch.uint8)
+    assert bits_per_dim(model, x, 2, "cpu") == pytest.approx(8.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("head,params", [(LogisticMixture(3), torch.tensor([[0.5, -1.0, 0.0, -0.2, 0.4, 0.9,
+                                                                             -2.5, -3.0, -1.5]])),
+                                         (Categorical(), torch.randn(1, 256) * 2)])
+def test_samples_follow_the_heads_own_probabilities(head, params):
+    n = 200_000
+    g = torch.Generator().manual_seed(0)
+    logp = head.log_probs(params)
+    assert torch.equal(sample(head, params, generator=torch.Generator().manual_seed(0)),
+                       draw(logp, generator=torch.Generator().manual_seed(0)))
+    freq = torch.bincount(draw(logp.expand(n, -1), generator=g).long(), minlength=256).double() / n
+    p = logp[0].exp().double()
+    # total variation distance between the empirical and the head's distribution
+    assert 0.5 * (freq - p).abs().sum() < 0.02
+
+
+def test_low_temperature_is_greedy_and_bad_temperature_is_rejected():
+    head = Categorical()
+    params = torch.randn(64, 256)
+    assert torch.equal(sample(head, params, temperature=1e-4).long(), params.argmax(-1))
+    with pytest.raises(UserError, match="temperature"):
+        sample(head, params, temperature=0)

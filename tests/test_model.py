@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from imagegen import checkpoint
+from imagegen.errors import UserError
+from imagegen.model import PixelTransformer
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_model_step_matches_forward(attention, channels):
+    torch.manual_seed(0)
+    model = PixelTransformer(12 * channels, channels, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64).eval()
+    x = torch.randint(0, 256, (2, 12 * channels), dtype=torch.uint8)
+    state = model.init_state(2, "cpu")
+    token, steps = torch.full((2,), 256), []
+    for t in range(x.shape[1]):
+        params, state = model.step(token, state)
+        steps.append(params)
+        token = x[:, t].long()
+    assert torch.allclose(torch.stack(steps, 1), model(x), atol=1e-4)
+
+
+def test_every_subpixel_is_scored_including_the_first():
+    torch.manual_seed(0)
+    model = PixelTransformer(16, 1, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32)
+    x = torch.randint(0, 256, (1, 16), dtype=torch.uint8)
+    nll = model.nll(x)
+    assert nll.shape == (1, 16)
+    x2 = x.clone()
+    x2[0, 0] = (int(x[0, 0]) + 100) % 256
+    assert nll[0, 0] != model.nll(x2)[0, 0]           # x_0 is predicted (from the start token) and scored
+
+
+def tiny_cfg(attention="linear", d_model=16):
+    model = {"attention": attention, "attention_options": {}, "n_layers": 1, "d_model": d_model, "n_heads": 2,
+             "d_ff": 32, "head": "mixture", "n_mixtures": 2, "dropout": 0.0}
+    return {"model": model, "data": {"name": "mnist"}}
+
+
+def test_checkpoint_round_trip_and_bad_files(tmp_path):
+    cfg = tiny_cfg()
+    model = PixelTransformer(784, 1, **{k: v for k, v in cfg["model"].items()})
+    path = tmp_path / "a.pt"
+    checkpoint.save(path, {"config": cfg, "model": model.state_dict()})
+    assert not (tmp_path / "a.pt.tmp").exists()
+    ck = checkpoint.load(path)
+    restored = checkpoint.model_from_checkpoint(ck, path)
+    x = torch.randint(0, 256, (1, 784), dtype=torch.uint8)
+    assert torch.equal(restored(x), model(x))
+
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        checkpoint.load(truncated)
+    junk = tmp_path / "junk.pt"
+    junk.write_text("hello")
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        checkpoint.load(junk)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    with pytest.raises(UserError, match="not an imagegen checkpoint"):
+        checkpoint.load(foreign)
+    with pytest.raises(UserError, match="does not exist"):
+        checkpoint.load(tmp_path / "missing.pt")
+
+    ck["model"]["proj.weight"] = torch.zeros(3, 3)
+    with pytest.raises(UserError, match="do not fit the architecture"):
+        checkpoint.model_from_checkpoint(ck, path)
+    with pytest.raises(UserError, match="different architecture.*d_model"):
+        checkpoint.check_compatible(checkpoint.load(path), tiny_cfg(d_model=32), path)

@@ -209,3 +209,10 @@ def sequence_to_image(seq, info):
 def image_to_sequence(img):
     """(B, H, W, C) uint8 -> (B, D) uint8."""
     return img.reshape(img.shape[0], -1)
+
+
+def load_from_config(data_cfg, split, overrides=None):
+    """Sequences (B, D) of a split as described by a `data` config section (dict); non-null
+    `overrides` (e.g. a new root) replace its values."""
+    d = {**data_cfg, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    return load_split(d["name"], d["root"], split, d["val_fraction"], d["split_seed"], d["download"])[0]

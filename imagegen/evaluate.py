@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from . import checkpoint
 from .cli import hydra_entry, resolve_device
-from .data import load_split
+from .data import load_from_config
 from .errors import UserError
 from .trainer import LN2, total_nll
 
@@ -17,10 +17,7 @@ def evaluate(cfg, device):
     path = Path(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device)
-    d = dict(ck["config"]["data"])
-    d.update({k: v for k, v in cfg["data"].items() if v is not None})
-    x = load_split(d["name"], d["root"], cfg["split"], val_fraction=d["val_fraction"], seed=d["split_seed"],
-                   download_missing=d["download"])[0]
+    x = load_from_config(ck["config"]["data"], cfg["split"], cfg["data"])
     if cfg["max_images"]:
         x = x[: cfg["max_images"]]
     lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]

@@ -9,7 +9,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint
-from .data import dataset_info, load_split
+from .data import dataset_info, load_from_config
 from .errors import UserError
 from .model import build_model
 
@@ -55,9 +55,8 @@ def train(cfg, device):
     t, d = cfg["train"], cfg["data"]
     run_dir = Path(cfg["run_dir"])
     info = dataset_info(d["name"])
-    split = dict(val_fraction=d["val_fraction"], seed=d["split_seed"], download_missing=d["download"])
-    x_train = load_split(d["name"], d["root"], "train", **split)[0]
-    x_val = load_split(d["name"], d["root"], "val", **split)[0][: t["val_images"]]
+    x_train = load_from_config(d, "train")
+    x_val = load_from_config(d, "val")[: t["val_images"]]
     if len(x_train) < t["batch_size"]:
         raise UserError(f"the training split holds {len(x_train)} images, fewer than train.batch_size="
                         f"{t['batch_size']}; lower the batch size or add data.")

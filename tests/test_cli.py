@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from PIL import Image
 
 TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_mixtures=2",
         "train.batch_size=4", "train.val_every=3", "train.val_images=4", "train.log_every=1", "train.warmup_steps=2",
@@ -77,3 +78,19 @@ def test_eval_errors_are_one_sentence(tmp_path):
     junk.write_bytes(b"\x00" * 100)
     one_line_error(run("imagegen-eval", f"checkpoint={junk}", check=False), "not a readable checkpoint")
     one_line_error(run("imagegen-eval", f"checkpoint={tmp_path / 'nope.pt'}", check=False), "does not exist")
+
+
+@pytest.mark.slow
+def test_sample_grid_and_completion(mnist_root, tmp_path):
+    run("imagegen-train", f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=1", *TINY)
+    out = tmp_path / "grid.png"
+    proc = run("imagegen-sample", f"checkpoint={tmp_path / 'last.pt'}", "num_images=6", "nrow=3", "scale=2",
+               f"out={out}", "batch_size=3", "progress=false", "save_each=true")
+    assert "images/sec" in proc.stdout
+    # 3 x 2 tiles of 28 px with 2 px padding, upscaled 2x
+    assert Image.open(out).size == ((3 * 30 + 2) * 2, (2 * 30 + 2) * 2)
+    assert len(list((tmp_path / "grid").glob("*.png"))) == 6
+    out = tmp_path / "complete.png"
+    run("imagegen-sample", f"checkpoint={tmp_path / 'last.pt'}", "mode=complete", "num_originals=2", "completions=3",
+        f"out={out}", "scale=1", "progress=false")
+    assert Image.open(out).size == (5 * 30 + 2, 2 * 30 + 2)

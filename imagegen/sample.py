@@ -1,0 +1,62 @@
+"""imagegen-sample: image grids and completions from a checkpoint (Hydra app; see conf/sample.yaml)."""
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from . import checkpoint
+from .cli import hydra_entry, resolve_device
+from .data import dataset_info, load_from_config
+from .errors import UserError
+from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
+
+
+def run_sample(cfg, device):
+    path = Path(cfg["checkpoint"])
+    ck = checkpoint.load(path)
+    model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
+    info = dataset_info(ck["config"]["data"]["name"])
+    sampler = resolve_sampler(model, cfg["sampler"])
+    label = sampler_label(model, sampler)
+    common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
+                  progress=cfg["progress"])
+    out = Path(cfg["out"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    if cfg["mode"] == "grid":
+        seqs = generate(model, cfg["num_images"], desc=f"{label} sampling", **common)
+        images = to_images(seqs, info)
+        nrow = cfg["nrow"]
+    elif cfg["mode"] == "complete":
+        originals = load_from_config(ck["config"]["data"], "test", cfg["data"])[: cfg["num_originals"]]
+        k = cfg["completions"]
+        keep = info.height // 2
+        prefix = originals[:, : keep * info.width * info.channels].repeat_interleave(k, dim=0)
+        seqs = generate(model, len(prefix), prefix=prefix, desc=f"{label} completing", **common)
+        completions = to_images(seqs, info).reshape(len(originals), k, info.height, info.width, info.channels)
+        images = completion_rows(to_images(originals, info), completions, keep)
+        nrow = k + 2
+    else:
+        raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
+    seconds = time.perf_counter() - start
+    grid(images, nrow=nrow, scale=cfg["scale"]).save(out)
+    if cfg["save_each"]:
+        folder = out.with_suffix("")
+        folder.mkdir(exist_ok=True)
+        for i, img in enumerate(to_images(seqs, info)):
+            grid(img[None], nrow=1, scale=cfg["scale"], pad=0).save(folder / f"{i:04d}.png")
+    print(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
+    print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}: "
+          f"{len(seqs) / seconds:.2f} images/sec")
+
+
+def task(cfg):
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    run_sample(plain, resolve_device(plain["device"], plain["threads"]))
+
+
+main = hydra_entry("sample", task)
+
+if __name__ == "__main__":
+    main()

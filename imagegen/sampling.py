@@ -1,0 +1,125 @@
+"""Decoding loops over the attention protocol, completions, and image grids.
+
+- `step` loop: one `model.step` per sub-pixel. For linear attention this is the RNN
+  (state S, Z per layer, constant work per step); for softmax it is a preallocated
+  KV cache written in place. Available when `model.can_step`.
+- `recompute` loop: the whole prefix through `model.forward` at every step: the paper's
+  softmax baseline and the only way to sample LSH.
+Both draw one uniform per image per sampled position from the same generator, so with
+one seed they produce the same images from the same model.
+"""
+import math
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from .errors import UserError
+from .likelihood import sample as draw_from_head
+from .model import START
+
+SAMPLERS = ("auto", "step", "recompute")
+
+
+def resolve_sampler(model, sampler):
+    if sampler not in SAMPLERS:
+        raise UserError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}.")
+    if sampler == "auto":
+        return "step" if model.can_step else "recompute"
+    if sampler == "step" and not model.can_step:
+        raise UserError("this model's attention (LSH) cannot step; use sampler=recompute or sampler=auto.")
+    return sampler
+
+
+def sampler_label(model, sampler):
+    """What the loop amounts to for this model: recurrent (linear), kv-cache (softmax) or recompute."""
+    if sampler == "recompute":
+        return "recompute"
+    return "recurrent" if model.blocks[0].attn.name == "linear" else "kv-cache"
+
+
+@torch.inference_mode()
+def fill_step(model, x, start, temperature, generator, on_step=None):
+    """Sample x[:, start:] in place with model.step; x[:, :start] is the given prefix (N, D) uint8."""
+    N, D = x.shape
+    state = model.init_state(N, x.device, next(model.parameters()).dtype)
+    token = torch.full((N,), START, dtype=torch.long, device=x.device)
+    for t in range(D):
+        params, state = model.step(token, state)
+        if t >= start:
+            x[:, t] = draw_from_head(model.head, params, temperature, generator)
+        token = x[:, t].long()
+        if on_step:
+            on_step(t)
+    return x
+
+
+@torch.inference_mode()
+def fill_recompute(model, x, start, temperature, generator, on_step=None, positions=None):
+    """Sample x[:, start:] in place, recomputing the prefix with model.forward at every step.
+    `positions` (optional) restricts the work to those steps (timing estimates only)."""
+    for t in positions if positions is not None else range(start, x.shape[1]):
+        params = model(x[:, :t + 1])[:, t]
+        x[:, t] = draw_from_head(model.head, params, temperature, generator)
+        if on_step:
+            on_step(t)
+    return x
+
+
+def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64, prefix=None,
+             progress=False, desc="sampling"):
+    """n images as (n, D) uint8. prefix (n, P) uint8, if given, is kept and the rest sampled."""
+    model.eval()
+    sampler = resolve_sampler(model, sampler)
+    device = next(model.parameters()).device
+    D = model.length
+    start = 0 if prefix is None else prefix.shape[1]
+    if prefix is not None and (prefix.shape[0] != n or start > D):
+        raise UserError(f"prefix of shape {tuple(prefix.shape)} does not fit {n} images of {D} sub-pixels.")
+    generator = torch.Generator(device=device).manual_seed(seed)
+    fill = fill_step if sampler == "step" else fill_recompute
+    out = torch.zeros(n, D, dtype=torch.uint8, device=device)
+    if prefix is not None:
+        out[:, :start] = prefix.to(device)
+    row = math.isqrt(D // model.channels) * model.channels          # sub-pixels per image row (square images)
+    bar = tqdm(total=math.ceil(n / batch_size) * math.ceil((D - start) / row), unit="row", desc=desc,
+               disable=not progress, leave=False)
+
+    def on_step(t):
+        if t >= start and (t + 1 - start) % row == 0 or t == D - 1:
+            bar.update(1)
+
+    for i in range(0, n, batch_size):
+        fill(model, out[i:i + batch_size], start, temperature, generator, on_step)
+    bar.close()
+    return out.cpu()
+
+
+# ---------------------------------------------------------------- pictures
+def to_images(seq, info):
+    """(B, D) uint8 -> (B, H, W, C) numpy uint8."""
+    return seq.reshape(-1, info.height, info.width, info.channels).numpy()
+
+
+def grid(images, nrow=8, scale=1, pad=2, background=255):
+    """Tile (B, H, W, C) uint8 into one PIL image, nrow images per row, nearest-neighbour upscaled."""
+    B, H, W, C = images.shape
+    ncol = min(nrow, B)
+    rows = math.ceil(B / ncol)
+    canvas = np.full((rows * (H + pad) + pad, ncol * (W + pad) + pad, C), background, np.uint8)
+    for i, img in enumerate(images):
+        r, c = divmod(i, ncol)
+        canvas[pad + r * (H + pad): pad + r * (H + pad) + H, pad + c * (W + pad): pad + c * (W + pad) + W] = img
+    pil = Image.fromarray(canvas[..., 0] if C == 1 else canvas)
+    return pil.resize((pil.width * scale, pil.height * scale), Image.NEAREST) if scale > 1 else pil
+
+
+def completion_rows(originals, completions, keep):
+    """Rows of [occluded input, completions..., original] as (rows * (k + 2), H, W, C).
+
+    originals (R, H, W, C); completions (R, k, H, W, C); keep: image rows kept on top."""
+    occluded = originals.copy()
+    occluded[:, keep:] = 128      # the hidden half shown as flat grey
+    rows = [np.concatenate([occluded[i:i + 1], completions[i], originals[i:i + 1]]) for i in range(len(originals))]
+    return np.concatenate(rows)

@@ -1,0 +1,243 @@
+"""Causal linear attention ops: every implementation against the quadratic reference
+(outputs and gradients), the compiled kernel under gradcheck, the normalised attention
+against a direct formula, the fallbacks, and the error messages.
+
+Shapes: q, k (N, H, L, E), v (N, H, L, M). The CPU kernel is built on first use (about a
+minute, then cached); tests that need it skip with the build error when it cannot be had.
+"""
+import warnings
+
+import pytest
+import torch
+
+from imagegen import ops
+from imagegen.ops import kernel as kernel_mod
+from imagegen.ops.causal_linear import causal_product_reference
+
+CPU_IMPLS = ["cumsum", "chunked", "kernel", "auto"]
+SHAPES = [  # N, H, L, E, M
+    (1, 1, 1, 1, 1),
+    (2, 3, 17, 5, 7),      # odd length, E != M
+    (1, 2, 65, 8, 3),      # one past the default chunk
+    (2, 1, 130, 16, 33),   # M + 1 as in causal_linear_attention
+    (1, 1, 9, 128, 2),
+    (1, 1, 11, 1, 128),
+    (1, 2, 0, 4, 4),       # empty sequence
+]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def make_qkv(N, H, L, E, M, dtype=torch.float64, device="cpu", seed=0):
+    """Non-negative q, k (as after a feature map) and signed v."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.rand(N, H, L, E, generator=gen, dtype=torch.float64)
+    k = torch.rand(N, H, L, E, generator=gen, dtype=torch.float64)
+    v = torch.randn(N, H, L, M, generator=gen, dtype=torch.float64)
+    return tuple(t.to(device, dtype) for t in (q, k, v))
+
+
+def out_and_grads(fn, q, k, v, grad_seed=1):
+    """fn(q, k, v) and the gradients of <fn(q, k, v), G> for a fixed random G."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    gen = torch.Generator().manual_seed(grad_seed)
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
+    return (out.detach(), *torch.autograd.grad(out, leaves, g, allow_unused=True))
+
+
+def assert_close_all(got, want, **tol):
+    for name, a, b in zip(("out", "grad_q", "grad_k", "grad_v"), got, want):
+        torch.testing.assert_close(a.double(), b.double(), msg=lambda m: f"{name}: {m}", **tol)
+
+
+@pytest.fixture(scope="module")
+def cpu_kernel():
+    why = kernel_mod.kernel_error("cpu")
+    if why is not None:
+        pytest.skip(f"CPU kernel unavailable: {why}")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_impl_matches_reference_float64(impl, shape, request):
+    if impl == "kernel":
+        request.getfixturevalue("cpu_kernel")
+    q, k, v = make_qkv(*shape)
+    got = out_and_grads(lambda *t: ops.causal_product(*t, impl=impl), q, k, v)
+    want = out_and_grads(causal_product_reference, q, k, v)
+    assert_close_all(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 100, 1000])
+def test_chunked_any_chunk_size(chunk_size):
+    q, k, v = make_qkv(2, 2, 65, 4, 6)
+    got = out_and_grads(lambda *t: ops.causal_product(*t, impl="chunked", chunk_size=chunk_size), q, k, v)
+    assert_close_all(got, out_and_grads(causal_product_reference, q, k, v), rtol=1e-10, atol=1e-10)
+
+
+def test_kernel_gradcheck(cpu_kernel):
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 6, 3, 4))
+    assert torch.autograd.gradcheck(kernel_mod.causal_product_kernel, (q, k, v))
+
+
+def test_kernel_float32_close_to_float64(cpu_kernel):
+    q, k, v = make_qkv(2, 2, 300, 32, 33)
+    got = out_and_grads(lambda *t: ops.causal_product(*t, impl="kernel"), *(t.float() for t in (q, k, v)))
+    assert got[0].dtype == torch.float32
+    assert_close_all(got, out_and_grads(causal_product_reference, q, k, v), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("impl", ["chunked", "kernel"])
+def test_non_contiguous_inputs(impl, request):
+    if impl == "kernel":
+        request.getfixturevalue("cpu_kernel")
+    q, k, v = make_qkv(2, 19, 3, 5, 6)                       # (N, L, H, D) storage
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))         # (N, H, L, D) views
+    assert not q.is_contiguous()
+    got = out_and_grads(lambda *t: ops.causal_product(*t, impl=impl), q, k, v)
+    assert_close_all(got, out_and_grads(causal_product_reference, q, k, v), rtol=1e-10, atol=1e-10)
+
+
+def test_only_some_inputs_need_grad(cpu_kernel):
+    q, k, v = make_qkv(1, 2, 10, 3, 4)
+    v.requires_grad_()
+    out = ops.causal_product(q, k, v, impl="kernel")
+    (gv,) = torch.autograd.grad(out.sum(), v)
+    (gv_ref,) = torch.autograd.grad(causal_product_reference(q, k, v).sum(), v)
+    torch.testing.assert_close(gv, gv_ref)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked", "kernel", "auto"])
+def test_causal_linear_attention_matches_direct_formula(impl, request):
+    if impl == "kernel":
+        request.getfixturevalue("cpu_kernel")
+    N, H, L, E, M = 2, 2, 23, 4, 5
+    x = make_qkv(N, H, L, E, M)
+    q, k = (torch.nn.functional.elu(t - 0.5) + 1 for t in x[:2])  # phi(x) = elu(x) + 1
+    v = x[2]
+    out = ops.causal_linear_attention(q, k, v, impl=impl)
+    want = torch.empty(N, H, L, M, dtype=torch.float64)
+    for i in range(L):  # out_i = sum_{j<=i} (q_i . k_j) v_j / (sum_{j<=i} q_i . k_j + eps)
+        w = torch.einsum("nhe,nhje->nhj", q[:, :, i], k[:, :, : i + 1])
+        want[:, :, i] = torch.einsum("nhj,nhjm->nhm", w, v[:, :, : i + 1]) / (w.sum(-1, keepdim=True) + ops.EPS)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+
+
+def test_auto_on_cpu_half_falls_back_to_chunked():
+    q, k, v = make_qkv(1, 2, 20, 4, 4)
+    got = ops.causal_product(*(t.bfloat16() for t in (q, k, v)), impl="auto")
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), causal_product_reference(q, k, v), rtol=0.05, atol=0.1)
+    assert ops.choose_impl(q.half(), v.half()) == "chunked"
+
+
+def test_kernel_rejects_unsupported_dtype_with_advice():
+    q, k, v = (t.half() for t in make_qkv(1, 1, 4, 2, 2))
+    with pytest.raises(ValueError, match=r"(?s)float32.*impl='chunked'"):
+        ops.causal_product(q, k, v, impl="kernel")
+
+
+def test_unavailable_kernel_raises_for_kernel_and_warns_once_for_auto(monkeypatch):
+    reason = "building the cpu extension failed: no compiler here"
+    monkeypatch.setattr(kernel_mod, "_modules", {"cpu": kernel_mod.KernelUnavailable(reason)})
+    monkeypatch.setattr(kernel_mod, "_warned", set())
+    q, k, v = make_qkv(1, 1, 8, 2, 3)
+    with pytest.raises(ValueError, match=r"no compiler here.*impl='chunked'"):
+        ops.causal_product(q, k, v, impl="kernel")
+    with pytest.warns(RuntimeWarning, match="no compiler here.*chunked") as record:
+        out = ops.causal_product(q, k, v, impl="auto")
+        ops.causal_product(q, k, v, impl="auto")
+    assert len(record) == 1
+    torch.testing.assert_close(out, causal_product_reference(q, k, v))
+
+
+def test_disabled_kernel_says_why(monkeypatch):
+    monkeypatch.setenv("IMAGEGEN_DISABLE_KERNEL", "1")
+    monkeypatch.setattr(kernel_mod, "_modules", {})
+    monkeypatch.setattr(kernel_mod, "_warned", set())
+    assert "IMAGEGEN_DISABLE_KERNEL" in kernel_mod.kernel_error("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert ops.choose_impl(*make_qkv(1, 1, 4, 2, 2)[::2]) == "chunked"
+
+
+@pytest.mark.parametrize("shapes, match", [
+    (((2, 5, 3), (2, 5, 3), (2, 5, 3)), "4-d"),
+    (((1, 2, 5, 3), (1, 2, 5, 4), (1, 2, 5, 3)), "q and k must have the same shape"),
+    (((1, 2, 5, 3), (1, 2, 5, 3), (1, 2, 6, 3)), "v must share"),
+])
+def test_bad_shapes_raise_value_error(shapes, match):
+    q, k, v = (torch.rand(s) for s in shapes)
+    for impl in ["reference", "chunked", "kernel", "auto"]:
+        with pytest.raises(ValueError, match=match):
+            ops.causal_product(q, k, v, impl=impl)
+
+
+def test_mixed_dtypes_and_unknown_impl_raise_value_error():
+    q, k, v = make_qkv(1, 1, 4, 2, 2)
+    with pytest.raises(ValueError, match="dtype"):
+        ops.causal_product(q, k, v.float())
+    with pytest.raises(ValueError, match=r"unknown causal product impl 'fast'.*reference.*chunked.*kernel.*auto"):
+        ops.causal_product(q, k, v, impl="fast")
+
+
+# ---- CUDA ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cuda_kernel():
+    why = kernel_mod.kernel_error("cuda")
+    if why is not None:
+        pytest.fail(f"CUDA is visible but the CUDA kernel is unavailable: {why}")
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("shape", SHAPES + [(2, 4, 1000, 32, 33), (1, 1, 37, 256, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("impl", ["chunked", "kernel", "auto"])
+def test_cuda_float32_matches_float64_reference(impl, shape, cuda_kernel):
+    q, k, v = make_qkv(*shape)
+    got = out_and_grads(lambda *t: ops.causal_product(*t, impl=impl), *(t.cuda().float() for t in (q, k, v)))
+    want = out_and_grads(causal_product_reference, q, k, v)
+    scale = max(1.0, want[0].abs().max().item())  # sums of up to L terms: relative to the output size
+    assert_close_all([t.cpu() for t in got], want, rtol=1e-4, atol=1e-4 * scale)
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("dtype, rel_tol", [(torch.float16, 1e-2), (torch.bfloat16, 4e-2)])
+def test_cuda_half_precision_vs_float32(dtype, rel_tol, cuda_kernel):
+    """fp16/bf16 inputs accumulate in float32: max error relative to the largest |value| of
+    each output (outputs and gradients) stays under rel_tol (1e-2 fp16, 4e-2 bf16)."""
+    q, k, v = (t.cuda() for t in make_qkv(2, 4, 500, 32, 33, dtype=torch.float32))
+    q, k, v = (t.to(dtype).float() for t in (q, k, v))  # same (rounded) inputs for both runs
+    want = out_and_grads(lambda *t: ops.causal_product(*t, impl="kernel"), q, k, v)
+    got = out_and_grads(lambda *t: ops.causal_product(*t, impl="kernel"), *(t.to(dtype) for t in (q, k, v)))
+    for name, a, b in zip(("out", "grad_q", "grad_k", "grad_v"), got, want):
+        assert a.dtype == dtype
+        err = (a.float() - b).abs().max().item() / b.abs().max().item()
+        assert err < rel_tol, f"{name}: relative error {err:.2e} >= {rel_tol}"
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_non_contiguous_and_limits(cuda_kernel):
+    q, k, v = (t.cuda().float().transpose(1, 2) for t in make_qkv(2, 19, 3, 5, 6))
+    got = out_and_grads(lambda *t: ops.causal_product(*t, impl="kernel"), q, k, v)
+    want = out_and_grads(causal_product_reference, *(t.cpu().double() for t in (q, k, v)))
+    assert_close_all([t.cpu() for t in got], want, rtol=1e-4, atol=1e-4)
+    assert ops.choose_impl(q, v) == "kernel"
+    big = make_qkv(1, 1, 4, 257, 2, dtype=torch.float32, device="cuda")
+    with pytest.raises(ValueError, match="E, M <= 256"):
+        ops.causal_product(*big, impl="kernel")
+    assert ops.choose_impl(big[0], big[2]) == "chunked"
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_gradcheck_float32_small(cuda_kernel):
+    """float32 accumulation: compare the kernel's backward with the reference's on cuda."""
+    q, k, v = make_qkv(1, 2, 6, 3, 4, dtype=torch.float32, device="cuda")
+    got = out_and_grads(kernel_mod.causal_product_kernel, q, k, v)
+    want = out_and_grads(causal_product_reference, q, k, v)
+    assert_close_all(got, want, rtol=1e-5, atol=1e-5)

@@ -5,7 +5,7 @@ Each head turns P parameters per sub-pixel into a distribution over the 256 valu
 - `LogisticMixture`: P = 3K (K mixture logits, K means, K log-scales), a discretized
   mixture of logistics on [-1, 1] with PixelCNN++ edges: value 0 takes the mass from
   -inf, 255 the mass to +inf; log-scales clamped at -7.
-Sampling always draws from `log_probs`, the same distribution the loss scores.
+Sampling draws from `probs`, which tests tie to `log_prob`, the distribution the loss scores.
 """
 import math
 
@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from .errors import UserError
 
 VALUES = torch.arange(256)
+EDGES = (torch.arange(255) + 0.5) / 127.5 - 1          # inner bin edges on [-1, 1]
+ZERO, ONE = torch.zeros(1), torch.ones(1)
 
 
 class Categorical:
@@ -30,6 +32,10 @@ class Categorical:
     def log_probs(self, params):
         """params (..., P) -> log p over all 256 values, (..., 256)."""
         return F.log_softmax(params.float(), dim=-1)
+
+    def probs(self, params):
+        """params (B, P) -> p over all 256 values (B, 256), for sampling."""
+        return torch.softmax(params.float(), dim=-1)
 
 
 class LogisticMixture:
@@ -62,6 +68,18 @@ class LogisticMixture:
     def log_prob(self, params, x):
         return torch.logsumexp(self._component_log_prob(params, x), dim=-1)
 
+    def probs(self, params):
+        """params (B, 3K) -> p over all 256 values (B, 256), for sampling: the mixture's CDF at the
+        255 inner bin edges (PixelCNN++ edges: bins 0 and 255 reach to -inf and +inf), differenced.
+        Equals exp(log_probs) up to the tiny-bin approximation that log_prob makes (< 1e-4 in total)."""
+        logits, mean, log_scale = params.float().chunk(3, dim=-1)                  # (B, K) each
+        edges = EDGES.to(params.device)                                            # (255,)
+        inv_s = torch.exp(-log_scale.clamp(min=self.MIN_LOG_SCALE)).unsqueeze(-1)
+        cdf = torch.sigmoid((edges - mean.unsqueeze(-1)) * inv_s)                 # (B, K, 255)
+        cdf = torch.softmax(logits, dim=-1).unsqueeze(1) @ cdf                     # (B, 1, 255) mixture CDF
+        return torch.diff(cdf.squeeze(1), dim=-1, prepend=ZERO.to(cdf).expand(len(cdf), 1),
+                          append=ONE.to(cdf).expand(len(cdf), 1))
+
     def log_probs(self, params):
         values = VALUES.to(params.device).view(*([1] * (params.dim() - 1)), 256)
         values = values.expand(*params.shape[:-1], 256)
@@ -77,16 +95,14 @@ def make_head(name, n_mixtures=10):
 
 
 def sample(head, params, temperature=1.0, generator=None):
-    """Draw one byte per row of params (B, P) from the head's own probabilities (`log_probs`,
-    which `test_log_prob_agrees_with_log_probs` ties to the loss), sharpened as p^(1/temperature)."""
-    return draw(head.log_probs(params), temperature, generator)
-
-
-def draw(log_probs, temperature=1.0, generator=None):
-    """Inverse-CDF sampling from log-probabilities (B, 256) with one uniform per row, so two
-    samplers that compute the same probabilities draw the same bytes."""
+    """Draw one byte per row of params (B, P) from the head's probabilities, sharpened as
+    p^(1/temperature). Inverse CDF with one uniform per row, so two samplers that compute the
+    same probabilities draw the same bytes."""
     if temperature <= 0:
         raise UserError(f"temperature must be > 0 (got {temperature}); use 1.0 for the model's own distribution.")
-    cdf = torch.softmax(log_probs.double() / temperature, dim=-1).cumsum(dim=-1)
-    u = torch.rand(log_probs.shape[0], 1, generator=generator, dtype=torch.float64, device=log_probs.device)
-    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=255).squeeze(-1).to(torch.uint8)
+    p = head.probs(params)
+    if temperature != 1.0:
+        p = torch.softmax(torch.log(p.double()) / temperature, dim=-1)
+    cdf = p.cumsum(dim=-1)
+    u = torch.rand(len(p), 1, generator=generator, dtype=cdf.dtype, device=p.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).clamp(max=255).squeeze(-1).to(torch.uint8)

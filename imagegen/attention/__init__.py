@@ -27,7 +27,11 @@ def register(name):
 def make_attention(name, d_model, n_heads, **options):
     if name not in ATTENTIONS:
         raise UserError(f"unknown attention {name!r}; choose one of {sorted(ATTENTIONS)}.")
-    return ATTENTIONS[name](d_model, n_heads, **options)
+    try:
+        return ATTENTIONS[name](d_model, n_heads, **options)
+    except TypeError as e:
+        raise UserError(f"bad model.attention_options for {name} attention ({e}); see the docstring of "
+                        f"{ATTENTIONS[name].__name__} for its options.") from None
 
 
 class Attention(nn.Module):

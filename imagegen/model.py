@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import make_attention
+from .layers import Dense
 from .likelihood import make_head
 
 START = 256  # token id of the start symbol; bytes are 0..255
@@ -21,7 +22,7 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = make_attention(attention, d_model, n_heads, **attention_options)
         self.ln2 = nn.LayerNorm(d_model)
-        self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.ff = nn.Sequential(Dense(d_model, d_ff), nn.GELU(), Dense(d_ff, d_model))
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x):                                    # (N, L, D)
@@ -50,15 +51,9 @@ class PixelTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(attention, d_model, n_heads, d_ff, dropout, dict(attention_options or {}))
                                     for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
-        self.proj = nn.Linear(d_model, self.head.n_params)
-        self.apply(self._init)
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+        self.proj = Dense(d_model, self.head.n_params)
+        for emb in (self.tok, self.pos, self.chan):       # Dense layers initialise themselves (std 0.02)
+            nn.init.normal_(emb.weight, std=0.02)
 
     @property
     def can_step(self):

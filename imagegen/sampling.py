@@ -16,7 +16,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .errors import UserError
-from .likelihood import sample as draw_from_head
+from .likelihood import sample as draw
 from .model import START
 
 SAMPLERS = ("auto", "step", "recompute")
@@ -39,6 +39,18 @@ def sampler_label(model, sampler):
     return "recurrent" if model.blocks[0].attn.name == "linear" else "kv-cache"
 
 
+def decode_step(model, token, state, temperature, generator):
+    """One step of the step loop: parameters for position state['t'] from the previous byte
+    `token` (N,) long, then a draw. Returns (bytes (N,) uint8, state)."""
+    params, state = model.step(token, state)
+    return draw(model.head, params, temperature, generator), state
+
+
+def recompute_step(model, x, t, temperature, generator):
+    """One step of the recompute loop: the prefix x[:, :t] through model.forward, then a draw for x[:, t]."""
+    return draw(model.head, model(x[:, :t + 1])[:, t], temperature, generator)
+
+
 @torch.inference_mode()
 def fill_step(model, x, start, temperature, generator, on_step=None):
     """Sample x[:, start:] in place with model.step; x[:, :start] is the given prefix (N, D) uint8."""
@@ -46,9 +58,10 @@ def fill_step(model, x, start, temperature, generator, on_step=None):
     state = model.init_state(N, x.device, next(model.parameters()).dtype)
     token = torch.full((N,), START, dtype=torch.long, device=x.device)
     for t in range(D):
-        params, state = model.step(token, state)
-        if t >= start:
-            x[:, t] = draw_from_head(model.head, params, temperature, generator)
+        if t < start:                      # feed the prefix through the state
+            state = model.step(token, state)[1]
+        else:
+            x[:, t] = decode_step(model, token, state, temperature, generator)[0]
         token = x[:, t].long()
         if on_step:
             on_step(t)
@@ -56,12 +69,10 @@ def fill_step(model, x, start, temperature, generator, on_step=None):
 
 
 @torch.inference_mode()
-def fill_recompute(model, x, start, temperature, generator, on_step=None, positions=None):
-    """Sample x[:, start:] in place, recomputing the prefix with model.forward at every step.
-    `positions` (optional) restricts the work to those steps (timing estimates only)."""
-    for t in positions if positions is not None else range(start, x.shape[1]):
-        params = model(x[:, :t + 1])[:, t]
-        x[:, t] = draw_from_head(model.head, params, temperature, generator)
+def fill_recompute(model, x, start, temperature, generator, on_step=None):
+    """Sample x[:, start:] in place, recomputing the prefix with model.forward at every step."""
+    for t in range(start, x.shape[1]):
+        x[:, t] = recompute_step(model, x, t, temperature, generator)
         if on_step:
             on_step(t)
     return x

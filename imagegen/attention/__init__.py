@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..layers import Dense
 
 ATTENTIONS = {}
 
@@ -45,7 +46,7 @@ class Attention(nn.Module):
         if d_model % n_heads:
             raise UserError(f"d_model={d_model} is not a multiple of n_heads={n_heads}; pick values that divide.")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        self.out = nn.Linear(d_model, d_model)
+        self.out = Dense(d_model, d_model)
 
     def split(self, x):
         """(N, L, D) -> (N, H, L, E)."""

@@ -1,12 +1,13 @@
 """Linear attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020).
 
 Causal forward through `imagegen.ops.causal_linear_attention`; as an RNN, each step
-updates S = sum phi(k) v^T (E x M) and Z = sum phi(k) (E) and reads them with phi(q)."""
+updates S = sum phi(k) v^T (E x M) and Z = sum phi(k) (E) and reads them with phi(q).
+Z is kept as an extra column of S (v gets a ones column), so one batched product serves both."""
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..ops import EPS, causal_linear_attention
+from ..layers import Dense
 from . import Attention, register
 
 
@@ -20,7 +21,7 @@ class LinearAttention(Attention):
 
     def __init__(self, d_model, n_heads, impl="auto"):
         super().__init__(d_model, n_heads)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.qkv = Dense(d_model, 3 * d_model)
         self.impl = impl
 
     def forward(self, x):                                    # x (N, L, D)
@@ -28,18 +29,15 @@ class LinearAttention(Attention):
         return self.merge(causal_linear_attention(phi(q), phi(k), v, impl=self.impl))
 
     def init_state(self, batch, max_len, device, dtype):
-        """Constant-size state whatever max_len: S (N, H, E, M) and Z (N, H, E)."""
-        H, E = self.n_heads, self.head_dim
-        return {"S": torch.zeros(batch, H, E, E, device=device, dtype=dtype),
-                "Z": torch.zeros(batch, H, E, device=device, dtype=dtype)}
+        """Constant-size state whatever max_len: S (N*H, E, M+1), whose last column is Z."""
+        return {"S": torch.zeros(batch * self.n_heads, self.head_dim, self.head_dim + 1, device=device, dtype=dtype)}
 
     def step(self, x_t, state):                              # x_t (N, D)
-        N = x_t.shape[0]
-        q, k, v = self.qkv(x_t).view(N, 3, self.n_heads, self.head_dim).unbind(1)   # (N, H, E)
-        q, k = phi(q), phi(k)
-        S, Z = state["S"], state["Z"]
-        S.add_(k.unsqueeze(-1) * v.unsqueeze(-2))            # S += phi(k) v^T
-        Z.add_(k)                                            # Z += phi(k)
-        num = torch.einsum("nhe,nhem->nhm", q, S)
-        den = (q * Z).sum(-1, keepdim=True) + EPS
-        return self.out((num / den).reshape(N, -1)), state
+        N, H, E = x_t.shape[0], self.n_heads, self.head_dim
+        qkv = self.qkv(x_t).view(N, 3, H, E)
+        qk = phi(qkv[:, :2])                                 # (N, 2, H, E)
+        v1 = F.pad(qkv[:, 2], (0, 1), value=1.0)             # (N, H, M+1): v with a ones column
+        S = state["S"]
+        S.baddbmm_(qk[:, 1].reshape(N * H, E, 1), v1.reshape(N * H, 1, E + 1))   # S += phi(k) [v, 1]^T
+        o = torch.bmm(qk[:, 0].reshape(N * H, 1, E), S).view(N, H, E + 1)      # [phi(q) S, phi(q) Z]
+        return self.out((o[..., :E] / (o[..., E:] + EPS)).reshape(N, H * E)), state

@@ -16,9 +16,9 @@ so evaluation is reproducible. LSH has no incremental state: it cannot `step`.
 """
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import UserError
+from ..layers import Dense
 from . import Attention, register
 
 MASKED = -1e9      # score of a key a query may not see
@@ -36,8 +36,8 @@ class LSHAttention(Attention):
             raise UserError(f"LSH n_buckets must be even and >= 2 (got {n_buckets}).")
         if n_hashes < 1 or chunk_size < 1:
             raise UserError(f"LSH needs n_hashes >= 1 and chunk_size >= 1 (got {n_hashes}, {chunk_size}).")
-        self.qk = nn.Linear(d_model, d_model)
-        self.v = nn.Linear(d_model, d_model)
+        self.qk = Dense(d_model, d_model)
+        self.v = Dense(d_model, d_model)
         self.n_hashes, self.n_buckets, self.chunk_size, self.eval_seed = n_hashes, n_buckets, chunk_size, eval_seed
 
     def rotations(self, device, dtype):

@@ -1,8 +1,8 @@
 """Softmax attention: torch's scaled_dot_product_attention, causal; steps with a preallocated KV cache."""
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from ..layers import Dense
 from . import Attention, register
 
 
@@ -12,7 +12,7 @@ class SoftmaxAttention(Attention):
 
     def __init__(self, d_model, n_heads):
         super().__init__(d_model, n_heads)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.qkv = Dense(d_model, 3 * d_model)
 
     def forward(self, x):                                    # x (N, L, D)
         q, k, v = (self.split(t) for t in self.qkv(x).chunk(3, dim=-1))   # (N, H, L, E)

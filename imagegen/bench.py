@@ -1,0 +1,56 @@
+"""imagegen-bench: speed benchmarks that print markdown tables and write JSON (see conf/bench.yaml).
+
+mode=attention   causal attention forward / forward+backward time and peak memory
+mode=train_step  whole-model training step, softmax vs linear
+mode=sampling    images/sec of linear-recurrent, softmax-KV-cache, softmax- and LSH-recompute
+mode=compare     the paper's table for trained checkpoints
+"""
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from .cli import hydra_entry, resolve_device
+from .data import dataset_info
+from .errors import UserError
+
+MODES = ("attention", "train_step", "sampling", "compare")
+
+
+def task(cfg):
+    c = OmegaConf.to_container(cfg, resolve=True)
+    device = resolve_device(c["device"], c["threads"])
+    out = Path(c["out_dir"])
+    info = dataset_info(c["data"]["name"])
+    from .benchmarks import report
+    if c["mode"] == "sampling":
+        from .benchmarks import sampling
+        if device.type != "cpu":
+            raise UserError("mode=sampling runs on the CPU in this version; use device=cpu.")
+        result = sampling.run(c, c["model"], info)
+        md = sampling.report(result, c, c["arch_name"], info, c["model"])
+        name = f"sampling-{c['data']['name']}-{c['arch_name']}"
+        report.write_outputs(out, name, {"config": c, "machine": report.machine(), **result}, md)
+        sampling.plot_latency(out / f"{name}-latency.png", result, c["plot_batch"])
+    elif c["mode"] == "compare":
+        from .benchmarks import compare
+        from .evaluate import evaluate
+
+        def bpd(path):
+            eval_cfg = {"checkpoint": str(path), "split": c["split"], "batch_size": 32, "max_images": None,
+                        "lsh_draws": 1, "lsh_seed": 0, "progress": True, "data": c["eval_data"]}
+            return evaluate(eval_cfg, device)["bits_per_dim"]
+        result, md = compare.run(c, bpd)
+        report.write_outputs(out, "compare", {"machine": report.machine(), **result}, md)
+    elif c["mode"] in ("attention", "train_step"):
+        from .benchmarks import attention
+        result, md = (attention.run_attention if c["mode"] == "attention" else attention.run_train_step)(c, device)
+        report.write_outputs(out, c["mode"], {"config": c, "machine": report.machine(), **result}, md)
+    else:
+        raise UserError(f"unknown mode {c['mode']!r}; choose one of {', '.join(MODES)}.")
+
+
+main = hydra_entry("bench", task, groups=("model", "data", "preset"))
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Images/sec of the four samplers for one architecture, the paper's Tables 1, 2 and 5 in spirit.
+
+Method. The cost of sampling one batch is the sum of its D per-position step costs. We time
+steps at `n_positions` evenly spaced positions t (after warm-up steps) and integrate the
+per-step latency over all D positions by linear interpolation:
+- step samplers (linear recurrent, softmax KV cache): the decoding state is advanced to
+  position t directly (the cache is preallocated; its contents do not change the cost), then
+  `reps` steps are timed;
+- recompute samplers: one `model.forward` over the prefix of length t + 1 plus a draw.
+images/sec = batch / integrated seconds. Each method is measured at every batch size of its
+bounded sweep and reported at its best; batch 1 gives seconds per image (Table 5).
+"""
+import time
+
+import numpy as np
+import torch
+
+from ..model import build_model
+from ..sampling import decode_step, recompute_step
+from .report import line_plot, machine, markdown_table, write_outputs
+
+METHODS = {  # name: (attention, sampler)
+    "linear-recurrent": ("linear", "step"),
+    "softmax-kv-cache": ("softmax", "step"),
+    "softmax-recompute": ("softmax", "recompute"),
+    "lsh-recompute": ("lsh", "recompute"),
+}
+
+
+def timed(fn, reps):
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps
+
+
+@torch.inference_mode()
+def step_latency(model, batch, t, reps=3, warmup=2, seed=0):
+    """Seconds per decoding step near position t at this batch size."""
+    D = model.length
+    t = max(0, min(t, D - reps - warmup))
+    state = model.init_state(batch, next(model.parameters()).device)
+    state["t"] = t                                       # jump to position t
+    for layer in state["layers"]:
+        if "t" in layer:
+            layer["t"] = t
+    g = torch.Generator().manual_seed(seed)
+    token = torch.randint(0, 256, (batch,))
+    for _ in range(warmup):
+        decode_step(model, token, state, 1.0, g)
+    return timed(lambda: decode_step(model, token, state, 1.0, g), reps)
+
+
+@torch.inference_mode()
+def recompute_latency(model, batch, t, reps=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (batch, model.length), dtype=torch.uint8, generator=g)
+    recompute_step(model, x, min(t, 16), 1.0, g)        # warm-up
+    return timed(lambda: recompute_step(model, x, t, 1.0, g), reps)
+
+
+def integrate(positions, latencies, D):
+    """Total seconds over positions 0..D-1, interpolating the measured latencies linearly."""
+    return float(np.interp(np.arange(D), positions, latencies).sum())
+
+
+def measure(model, sampler, batch, positions, reps):
+    lat = [step_latency(model, batch, t, reps) if sampler == "step" else recompute_latency(model, batch, t)
+           for t in positions]
+    return integrate(positions, lat, model.length), lat
+
+
+def kv_cache_bytes(model_cfg, info, batch):
+    return batch * model_cfg["n_layers"] * info.length * 2 * model_cfg["d_model"] * 4
+
+
+def run(cfg, model_cfg, info, state_dicts=None):
+    """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method)."""
+    torch.manual_seed(cfg["seed"])
+    D = info.length
+    positions = [int(p) for p in np.linspace(0, D - 1, cfg["n_positions"])]
+    results, curves = [], {}
+    for name in cfg["methods"]:
+        attention, sampler = METHODS[name]
+        options = cfg["lsh_options"] if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
+        model = build_model({**model_cfg, "attention": attention, "attention_options": options}, info).eval()
+        if state_dicts and attention in state_dicts:
+            model.load_state_dict(state_dicts[attention])
+        batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]
+        for batch in batches:
+            if attention == "softmax" and sampler == "step" and \
+                    kv_cache_bytes(model_cfg, info, batch) > cfg["max_cache_gb"] * 2 ** 30:
+                print(f"{name}: skipping batch {batch} (KV cache over {cfg['max_cache_gb']} GiB)")
+                continue
+            seconds, lat = measure(model, sampler, batch, positions, cfg["reps"])
+            row = {"method": name, "batch": batch, "seconds_per_batch": seconds,
+                   "images_per_sec": batch / seconds, "seconds_per_image": seconds / batch,
+                   "step_ms_first": lat[0] * 1e3, "step_ms_last": lat[-1] * 1e3}
+            results.append(row)
+            curves[(name, batch)] = lat
+            print(f"{name:18s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
+                  f"(step {row['step_ms_first']:.2f} -> {row['step_ms_last']:.2f} ms)", flush=True)
+    best = {}
+    for row in results:
+        if row["method"] not in best or row["images_per_sec"] > best[row["method"]]["images_per_sec"]:
+            best[row["method"]] = row
+    slowest = min(r["images_per_sec"] for r in best.values())
+    linear = best.get("linear-recurrent")
+    summary = []
+    for name, row in best.items():
+        b1 = next((r for r in results if r["method"] == name and r["batch"] == 1), None)
+        summary.append({**row, "speedup_vs_slowest": row["images_per_sec"] / slowest,
+                        "linear_speedup": linear["images_per_sec"] / row["images_per_sec"] if linear else None,
+                        "batch1_seconds_per_image": b1["seconds_per_batch"] if b1 else None})
+    return {"results": results, "best": summary, "positions": positions,
+            "curves": {f"{m}@{b}": lat for (m, b), lat in curves.items()}}
+
+
+def report(out, cfg, arch_name, info, model_cfg):
+    cols = [("method", "method", None), ("batch", "best batch", None), ("images_per_sec", "images/sec", "{:.4g}"),
+            ("speedup_vs_slowest", "x slowest", "{:.1f}"), ("linear_speedup", "linear is x faster", "{:.1f}"),
+            ("batch1_seconds_per_image", "batch-1 s/image", "{:.3g}"),
+            ("step_ms_first", "step ms @0", "{:.2f}"), ("step_ms_last", "step ms @D-1", "{:.2f}")]
+    header = (f"Sampling speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
+              f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), float32.\n"
+              f"Machine: {machine()}.\n\n")
+    md = header + markdown_table(out["best"], cols)
+    md += "\n\nAll batch sizes:\n\n" + markdown_table(out["results"], [("method", "method", None), ("batch", "batch", None)] + cols[2:3] + cols[6:])
+    return md
+
+
+def plot_latency(path, out, batch):
+    series = {}
+    for key, lat in out["curves"].items():
+        method, b = key.rsplit("@", 1)
+        if int(b) == batch and METHODS[method][1] == "step":
+            series[f"{method} (batch {batch})"] = (out["positions"], [x * 1e3 for x in lat])
+    if series:
+        line_plot(path, series, "Per-step latency against position", "position t", "ms per step")
+        print(f"wrote {path}")

@@ -1,8 +1,8 @@
 """PixelTransformer: a decoder-only transformer over the D sub-pixels of an image.
 
 Input  x (N, D) uint8. The model reads [START, x_0, ..., x_{D-2}] and predicts x_0..x_{D-1},
-so every one of the D sub-pixels is scored. Embedding = byte + pixel position (+ channel
-for colour). Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
+so every one of the D sub-pixels is scored. Embedding = byte + row + column + channel, so
+"the same column one row up" is one learned relation rather than 28 separate ones. Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
 registry by name. The head maps each position to P distribution parameters.
 """
 import torch
@@ -36,23 +36,24 @@ class Block(nn.Module):
 
 
 class PixelTransformer(nn.Module):
-    """Args: length (D sub-pixels), channels (1 or 3), attention (registry name),
+    """Args: length (D sub-pixels), channels (1 or 3), width (pixels per row), attention (registry name),
     n_layers, d_model, n_heads, d_ff, head ('mixture' or 'categorical'), n_mixtures,
     dropout, attention_options (dict passed to the attention class)."""
 
-    def __init__(self, length, channels, attention="linear", n_layers=4, d_model=128, n_heads=4, d_ff=512,
+    def __init__(self, length, channels, width, attention="linear", n_layers=4, d_model=128, n_heads=4, d_ff=512,
                  head="mixture", n_mixtures=10, dropout=0.0, attention_options=None):
         super().__init__()
-        self.length, self.channels = length, channels
+        self.length, self.channels, self.width = length, channels, width
         self.head = make_head(head, n_mixtures)
         self.tok = nn.Embedding(257, d_model)
-        self.pos = nn.Embedding(length // channels, d_model)
+        self.row = nn.Embedding(length // (channels * width), d_model)
+        self.col = nn.Embedding(width, d_model)
         self.chan = nn.Embedding(channels, d_model)
         self.blocks = nn.ModuleList(Block(attention, d_model, n_heads, d_ff, dropout, dict(attention_options or {}))
                                     for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.proj = Dense(d_model, self.head.n_params)
-        for emb in (self.tok, self.pos, self.chan):       # Dense layers initialise themselves (std 0.02)
+        for emb in (self.tok, self.row, self.col, self.chan):       # Dense layers initialise themselves (std 0.02)
             nn.init.normal_(emb.weight, std=0.02)
 
     @property
@@ -61,7 +62,8 @@ class PixelTransformer(nn.Module):
 
     def embed(self, tokens, t):
         """tokens (N, L) long at positions t (L,) -> (N, L, D)."""
-        return self.tok(tokens) + self.pos(t // self.channels) + self.chan(t % self.channels)
+        pixel = t // self.channels
+        return self.tok(tokens) + self.row(pixel // self.width) + self.col(pixel % self.width) + self.chan(t % self.channels)
 
     def forward(self, x):
         """x (N, L) uint8 with L <= D -> distribution parameters (N, L, P) for x_0..x_{L-1}."""
@@ -93,4 +95,4 @@ def build_model(model_cfg, info):
     """Model from the `model` config section (a dict) and a DatasetInfo."""
     keys = ("attention", "n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "dropout",
             "attention_options")
-    return PixelTransformer(info.length, info.channels, **{k: model_cfg[k] for k in keys if k in model_cfg})
+    return PixelTransformer(info.length, info.channels, info.width, **{k: model_cfg[k] for k in keys if k in model_cfg})

@@ -93,7 +93,7 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
     out = torch.zeros(n, D, dtype=torch.uint8, device=device)
     if prefix is not None:
         out[:, :start] = prefix.to(device)
-    row = math.isqrt(D // model.channels) * model.channels          # sub-pixels per image row (square images)
+    row = model.width * model.channels                              # sub-pixels per image row
     bar = tqdm(total=math.ceil(n / batch_size) * math.ceil((D - start) / row), unit="row", desc=desc,
                disable=not progress, leave=False)
 

@@ -1,6 +1,7 @@
 """Training loop and bits/dim evaluation, driven by a plain config dict (see conf/train.yaml)."""
 import json
 import math
+import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -119,6 +120,10 @@ def train(cfg, device):
         print(f"nothing to do: {last} already holds {state['step']} steps; raise train.max_steps or "
               f"train.max_minutes to train on")
         return state
+    def interrupt(signum, frame):              # SIGTERM (e.g. a job scheduler) stops like Ctrl-C: save, then exit
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
     model.train()
     bar = tqdm(total=t["max_steps"], initial=state["step"], unit="step", dynamic_ncols=True,
                disable=not t["progress"])

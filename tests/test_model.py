@@ -10,7 +10,7 @@ from imagegen.model import PixelTransformer
 @pytest.mark.parametrize("channels", [1, 3])
 def test_model_step_matches_forward(attention, channels):
     torch.manual_seed(0)
-    model = PixelTransformer(12 * channels, channels, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64).eval()
+    model = PixelTransformer(12 * channels, channels, 4, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64).eval()
     x = torch.randint(0, 256, (2, 12 * channels), dtype=torch.uint8)
     state = model.init_state(2, "cpu")
     token, steps = torch.full((2,), 256), []
@@ -23,7 +23,7 @@ def test_model_step_matches_forward(attention, channels):
 
 def test_every_subpixel_is_scored_including_the_first():
     torch.manual_seed(0)
-    model = PixelTransformer(16, 1, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32)
+    model = PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32)
     x = torch.randint(0, 256, (1, 16), dtype=torch.uint8)
     nll = model.nll(x)
     assert nll.shape == (1, 16)
@@ -40,7 +40,7 @@ def tiny_cfg(attention="linear", d_model=16):
 
 def test_checkpoint_round_trip_and_bad_files(tmp_path):
     cfg = tiny_cfg()
-    model = PixelTransformer(784, 1, **{k: v for k, v in cfg["model"].items()})
+    model = PixelTransformer(784, 1, 28, **{k: v for k, v in cfg["model"].items()})
     path = tmp_path / "a.pt"
     checkpoint.save(path, {"config": cfg, "model": model.state_dict()})
     assert not (tmp_path / "a.pt.tmp").exists()

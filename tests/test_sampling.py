@@ -10,7 +10,7 @@ from imagegen.sampling import completion_rows, generate, grid
 
 def tiny(attention, length=48, channels=3, **kw):
     torch.manual_seed(0)
-    return PixelTransformer(length, channels, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64, **kw).double()
+    return PixelTransformer(length, channels, 4, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64, **kw).double()
 
 
 @pytest.mark.parametrize("attention,head", [("linear", "mixture"), ("softmax", "mixture"), ("linear", "categorical")])

@@ -78,7 +78,8 @@ def run(cfg, model_cfg, info, state_dicts=None):
     """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method)."""
     torch.manual_seed(cfg["seed"])
     D = info.length
-    positions = [int(p) for p in np.linspace(0, D - 1, cfg["n_positions"])]
+    positions = sorted({int(p) for p in np.linspace(0, D - 1, cfg["n_positions"])} |
+                       {p for p in cfg["probe_positions"] if p < D})
     results, curves = [], {}
     for name in cfg["methods"]:
         attention, sampler = METHODS[name]
@@ -93,9 +94,13 @@ def run(cfg, model_cfg, info, state_dicts=None):
                 print(f"{name}: skipping batch {batch} (KV cache over {cfg['max_cache_gb']} GiB)")
                 continue
             seconds, lat = measure(model, sampler, batch, positions, cfg["reps"])
+            at = dict(zip(positions, lat))
             row = {"method": name, "batch": batch, "seconds_per_batch": seconds,
                    "images_per_sec": batch / seconds, "seconds_per_image": seconds / batch,
                    "step_ms_first": lat[0] * 1e3, "step_ms_last": lat[-1] * 1e3}
+            probes = [p for p in cfg["probe_positions"] if p in at]
+            if len(probes) == 2:      # latency growth, e.g. step at position 3000 over step at 100
+                row["latency_growth"] = at[probes[1]] / at[probes[0]]
             results.append(row)
             curves[(name, batch)] = lat
             print(f"{name:18s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
@@ -120,7 +125,8 @@ def report(out, cfg, arch_name, info, model_cfg):
     cols = [("method", "method", None), ("batch", "best batch", None), ("images_per_sec", "images/sec", "{:.4g}"),
             ("speedup_vs_slowest", "x slowest", "{:.1f}"), ("linear_speedup", "linear is x faster", "{:.1f}"),
             ("batch1_seconds_per_image", "batch-1 s/image", "{:.3g}"),
-            ("step_ms_first", "step ms @0", "{:.2f}"), ("step_ms_last", "step ms @D-1", "{:.2f}")]
+            ("step_ms_first", "step ms @0", "{:.2f}"), ("step_ms_last", "step ms @D-1", "{:.2f}"),
+            ("latency_growth", "step latency @" + "/@".join(map(str, cfg["probe_positions"][::-1])), "{:.2f}")]
     header = (f"Sampling speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
               f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), float32.\n"
               f"Machine: {machine()}.\n\n")

@@ -75,6 +75,21 @@ def test_chunked_any_chunk_size(chunk_size):
     assert_close_all(got, out_and_grads(causal_product_reference, q, k, v), rtol=1e-10, atol=1e-10)
 
 
+def test_default_chunk_size_follows_head_dim():
+    sizes = {E: ops.default_chunk_size(torch.empty(1, 1, 1, E)) for E in (1, 16, 32, 33, 64, 128, 256)}
+    assert sizes == {1: 32, 16: 32, 32: 32, 33: 64, 64: 64, 128: 128, 256: 128}
+    with pytest.raises(ValueError, match="chunk_size"):
+        ops.causal_product(*make_qkv(1, 1, 4, 2, 2), impl="chunked", chunk_size=0)
+
+
+def test_auto_rule_on_cpu(cpu_kernel):
+    q, _, v = make_qkv(1, 1, 4, 256, 257)
+    assert ops.choose_impl(q, v) == "kernel"                        # no grad needed: kernel
+    assert ops.choose_impl(q.requires_grad_(), v) == "chunked"     # training at E, M > 193
+    q, _, v = make_qkv(1, 1, 4, 32, 33)
+    assert ops.choose_impl(q.requires_grad_(), v) == "kernel"
+
+
 def test_kernel_gradcheck(cpu_kernel):
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 6, 3, 4))
     assert torch.autograd.gradcheck(kernel_mod.causal_product_kernel, (q, k, v))

@@ -1,0 +1,169 @@
+"""Causal attention and whole-model training-step benchmarks (issue: kernels).
+
+Times are medians over `repeat` runs after a warm-up, all implementations timed in this
+process with the same inputs and threads, so ratios are like for like. Peak memory of one
+forward+backward is measured in a fresh subprocess per case (CPU: the rise of the process's
+peak resident memory (VmHWM, reset after making the inputs); CUDA: max_memory_allocated).
+"""
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..attention.linear import phi
+from ..data import dataset_info
+from ..model import build_model
+from ..ops import causal_linear_attention, kernel_error
+from .report import markdown_table, machine
+
+LINEAR_IMPLS = ("cumsum", "chunked", "kernel", "auto")
+
+
+def attention_fn(impl):
+    """The causal attention of one implementation on (q, k, v) of shape (N, H, L, E)."""
+    if impl == "softmax":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return lambda q, k, v: causal_linear_attention(phi(q), phi(k), v, impl=impl)
+
+
+def inputs(N, H, L, E, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(N, H, L, E, generator=g).to(device).requires_grad_() for _ in range(3)]
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn, device, repeat):
+    fn()
+    sync(device)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def time_case(impl, N, H, L, E, device, repeat):
+    q, k, v = inputs(N, H, L, E, device)
+    f = attention_fn(impl)
+
+    def fwd():
+        with torch.no_grad():
+            f(q, k, v)
+
+    def fwd_bwd():
+        out = f(q, k, v)
+        torch.autograd.grad(out.sum(), (q, k, v))
+    return median_ms(fwd, device, repeat), median_ms(fwd_bwd, device, repeat)
+
+
+def peak_memory_child(impl, N, H, L, E, device):
+    """Runs in a subprocess: bytes of peak memory one forward+backward adds."""
+    device = torch.device(device)
+    q, k, v = inputs(N, H, L, E, device)
+    f = attention_fn(impl)
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.autograd.grad(f(q, k, v).sum(), (q, k, v))
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    # ru_maxrss survives exec (it would carry the parent's peak); VmHWM is this process's own and
+    # can be reset to the current resident size through clear_refs.
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    base = hwm_bytes()
+    torch.autograd.grad(f(q, k, v).sum(), (q, k, v))
+    return hwm_bytes() - base
+
+
+def hwm_bytes():
+    """Peak resident memory of this process (VmHWM) in bytes."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+
+def peak_memory(impl, N, H, L, E, device, threads):
+    code = ("import json, sys, torch; from imagegen.benchmarks.attention import peak_memory_child; "
+            f"torch.set_num_threads({threads}); "
+            f"print(json.dumps(peak_memory_child({impl!r}, {N}, {H}, {L}, {E}, {str(device)!r})))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode:
+        print(f"peak memory of {impl} at L={L} not measured: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_attention(c, device):
+    N, H, E = c["batch"], c["heads"], c["head_dim"]
+    impls = [i for i in c["impls"] if i == "softmax" or i in LINEAR_IMPLS]
+    if "kernel" in impls and kernel_error(device.type, warn=True) is not None:
+        impls.remove("kernel")
+    rows = []
+    for L in c["lengths"]:
+        for impl in impls:
+            cumsum_gb = 4 * N * H * L * E * (E + 1) * 4 / 2 ** 30      # states, their grads and temporaries
+            if impl == "cumsum" and cumsum_gb > c["cumsum_max_gb"]:
+                rows.append({"L": L, "impl": impl, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"})
+                continue
+            fwd, fwd_bwd = time_case(impl, N, H, L, E, device, c["repeat"])
+            mem = peak_memory(impl, N, H, L, E, device, torch.get_num_threads())
+            rows.append({"L": L, "impl": impl, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd,
+                         "peak_mib": None if mem is None else mem / 2 ** 20})
+            print(f"L={L:6d} {impl:8s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
+                  f"peak {rows[-1]['peak_mib'] or float('nan'):9.1f} MiB", flush=True)
+    for row in rows:
+        soft = next((r for r in rows if r["L"] == row["L"] and r["impl"] == "softmax" and "fwd_ms" in r), None)
+        if soft and "fwd_ms" in row:
+            row["speedup_fwd_bwd"] = soft["fwd_bwd_ms"] / row["fwd_bwd_ms"]
+            if soft.get("peak_mib") and row.get("peak_mib"):
+                row["memory_vs_softmax"] = row["peak_mib"] / soft["peak_mib"]
+    cols = [("L", "N (length)", None), ("impl", "impl", None), ("fwd_ms", "fwd ms", "{:.2f}"),
+            ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"), ("speedup_fwd_bwd", "fwd+bwd speedup vs softmax", "{:.1f}x"),
+            ("peak_mib", "peak MiB (fwd+bwd)", "{:.1f}"), ("memory_vs_softmax", "memory / softmax", "{:.2f}"),
+            ("note", "note", None)]
+    md = (f"Causal attention, B={N}, H={H}, D=M={E}, float32, {device}. softmax = "
+          f"scaled_dot_product_attention(is_causal=True); linear = elu+1 features, normalised.\n"
+          f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
+    return {"rows": rows}, md
+
+
+def run_train_step(c, device):
+    """One optimizer step of the whole model (the configured architecture) per attention and length."""
+    rows = []
+    for name, L in c["train_lengths"].items():
+        info = dataset_info(name)
+        for attention in ("softmax", "linear"):
+            torch.manual_seed(0)
+            options = {"impl": "auto"} if attention == "linear" else {}
+            model = build_model({**c["model"], "attention": attention, "attention_options": options}, info).to(device)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            x = torch.randint(0, 256, (c["train_batch"], L), dtype=torch.uint8, device=device)
+
+            def step():
+                loss = model.nll(x).mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            rows.append({"data": name, "length": L, "attention": attention,
+                         "step_ms": median_ms(step, device, c["repeat"])})
+            print(f"{name} L={L} {attention:8s} {rows[-1]['step_ms']:.1f} ms/step", flush=True)
+    for row in rows:
+        soft = next(r for r in rows if r["data"] == row["data"] and r["attention"] == "softmax")
+        row["speedup"] = soft["step_ms"] / row["step_ms"]
+    cols = [("data", "data", None), ("length", "length", None), ("attention", "attention", None),
+            ("step_ms", "ms / training step", "{:.1f}"), ("speedup", "speedup vs softmax", "{:.2f}x")]
+    md = (f"Whole-model training step (forward, backward, AdamW), {c['model']['n_layers']} layers, d_model "
+          f"{c['model']['d_model']}, batch {c['train_batch']}, float32, {device}.\nMachine: {machine()}.\n\n"
+          + markdown_table(rows, cols))
+    return {"rows": rows}, md

@@ -1,0 +1,98 @@
+"""Causal linear attention ops: `causal_product` (the numerator) and
+`causal_linear_attention` (normalised), each with a choice of implementation.
+
+impl names:
+  "reference"  quadratic masked product, O(L^2) memory; for tests
+  "cumsum"     cumulative sum of k v^T outer products, O(L E M) memory
+  "chunked"    masked products inside chunks + carried state (pure PyTorch, any device)
+  "kernel"     compiled recurrent kernel of csrc/ (CPU: float32/64; CUDA: float32/16, bfloat16)
+  "auto"       the fastest available for the device and shape (rule in `choose_impl`)
+"""
+import torch
+
+from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
+                            causal_product_reference)
+from .kernel import causal_product_kernel, kernel_error, kernel_unsupported
+
+IMPLS = ("reference", "cumsum", "chunked", "kernel", "auto")
+CPU_KERNEL_MAX_DIM = 193  # auto on CPU with grad: kernel up to head dim 192 (+ the ones column)
+EPS = 1e-6  # added to the denominator phi(q_i) . sum_{j<=i} phi(k_j), which is > 0 for elu+1
+
+
+def default_chunk_size(q):
+    """Chunk for impl="chunked" when none is given: on CPU the power of two >= E, clamped
+    to [32, 128] (measured on CPU, fwd+bwd: at E=32 chunks 32 and 48 best,
+    24 and 64 within ~10%, 16 and 96 worse, 128 up to 2x slower; at E=64, 64 beats 32 by 20%;
+    at E >= 128, 128 beats 64 by 10-40%; see `choose_impl`); on other devices 64 (not measured)."""
+    if q.device.type != "cpu":
+        return 64
+    return min(128, max(32, 1 << max(0, q.shape[-1] - 1).bit_length()))
+
+
+def choose_impl(q, v):
+    """The implementation "auto" runs for q (N, H, L, E), v (N, H, L, M).
+
+    CUDA: the kernel when it built and supports the dtype (float32/16, bfloat16) and head
+    dims (E, M <= 256), else chunked.
+    CPU: the kernel (float32/64) when it built and either no gradient is needed or
+    max(E, M) <= 193; else chunked. Measured here (2-core Xeon with AVX-512, shared, float32,
+    torch.set_num_threads(1), median ms, kernel vs the best chunk size; N,H,L,E,M):
+
+        shape                  fwd: kernel  chunked     fwd+bwd: kernel  chunked
+        4,8,784,32,32                 2.5     14.4 (64)            9.6     35.0 (64)
+        4,8,3072,32,32                8.7     38.6 (64)           34.7    112.7 (64)
+        4,8,16384,32,32              60.6    427.7 (64)          287.3   1537.0 (32)
+        16,4,784,32,33                5.9     21.5 (32)           22.8     70.4 (32)
+        16,4,3072,32,33              24.5     78.5 (48)           75.5    214.6 (48)
+        2,2,784,128,129               9.3     12.3 (64)           34.4     35.7 (64)
+        2,2,784,192,193              14.4     22.3 (128)          75.2     73.2 (128)
+        1,2,784,256,257              13.7     17.1 (128)         103.4     46.8 (128)
+
+    So the kernel wins 3-7x at the model's head dims, ties from E ~ 128 to 192 in training
+    (where its O(L (E + M)) memory decides) and loses 2x at 256; forward alone it always wins.
+    """
+    if kernel_unsupported(q, v) is not None:
+        return "chunked"
+    if q.device.type == "cpu":
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
+        if needs_grad and max(q.shape[-1], v.shape[-1]) > CPU_KERNEL_MAX_DIM:
+            return "chunked"
+    if kernel_error(q.device.type, warn=True) is not None:
+        return "chunked"
+    return "kernel"
+
+
+def causal_product(q, k, v, impl="auto", chunk_size=None):
+    """V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M) -> (N, H, L, M).
+
+    chunk_size only affects impl="chunked" (any length works, the tail chunk is padded);
+    None picks `default_chunk_size(q)`.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"unknown causal product impl {impl!r}; choose one of {', '.join(IMPLS)}.")
+    check_qkv(q, k, v)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None (tuned default), got {chunk_size!r}.")
+    if impl == "auto":
+        impl = choose_impl(q, v)
+    if impl == "kernel":
+        why = kernel_unsupported(q, v) or kernel_error(q.device.type)
+        if why is not None:
+            raise ValueError(f"impl='kernel' is unavailable: {why}. Use impl='chunked' (or 'auto').")
+        return causal_product_kernel(q, k, v)
+    if impl == "chunked":
+        return causal_product_chunked(q, k, v, chunk_size or default_chunk_size(q))
+    if impl == "cumsum":
+        return causal_product_cumsum(q, k, v)
+    return causal_product_reference(q, k, v)
+
+
+def causal_linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
+    """Normalised causal linear attention on feature-mapped q, k (N, H, L, E), v (N, H, L, M):
+    out_i = sum_{j<=i} (q_i . k_j) v_j / (sum_{j<=i} q_i . k_j + eps) -> (N, H, L, M).
+
+    The denominator comes from the same pass: a ones column appended to v (M + 1 columns).
+    """
+    ones = torch.ones_like(v[..., :1])
+    out = causal_product(q, k, torch.cat([v, ones], dim=-1), impl=impl, chunk_size=chunk_size)
+    return out[..., :-1] / (out[..., -1:] + eps)

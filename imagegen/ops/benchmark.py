@@ -1,0 +1,99 @@
+"""Time the causal product implementations against each other (same process, same
+threads, same inputs, interleaved rounds): forward (no grad) and forward+backward, in
+milliseconds, median over rounds.
+
+    python -m imagegen.ops.benchmark [--device cpu] [--dtype float32] [--json out.json]
+        [--shapes 4,8,784,32,32 16,4,3072,32,32 ...] [--chunks 32,64,128] [--repeat 5]
+
+Shapes are N,H,L,E,M. Prints one table per shape and optionally writes all rows as JSON.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from . import causal_product
+from .kernel import kernel_error
+
+DEFAULT_SHAPES = ["4,8,784,32,32", "4,8,3072,32,32", "4,8,16384,32,32",
+                  "16,4,784,32,32", "16,4,3072,32,32"]
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_all(fns, device, repeat):
+    """Median wall time in ms of each fn, timed in interleaved rounds (one call of each per
+    round, after a warm-up round) so that load from other processes hits all alike."""
+    times = {name: [] for name in fns}
+    for r in range(repeat + 1):
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if r:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_shape(shape, device, dtype, chunks, repeat):
+    """Rows {shape, impl, chunk, fwd_ms, fwd_bwd_ms} for one (N, H, L, E, M)."""
+    N, H, L, E, M = shape
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k = (torch.rand(N, H, L, E, generator=gen).to(device, dtype) for _ in range(2))
+    v = torch.randn(N, H, L, M, generator=gen).to(device, dtype)
+    grad = torch.randn(N, H, L, M, generator=gen).to(device, dtype)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    candidates = {f"chunked/{c}": {"impl": "chunked", "chunk_size": c} for c in chunks}
+    if kernel_error(device.type) is None:
+        candidates["kernel"] = {"impl": "kernel"}
+
+    def fwd(kw):
+        with torch.no_grad():
+            causal_product(q, k, v, **kw)
+
+    def fwd_bwd(kw):
+        torch.autograd.grad(causal_product(*leaves, **kw), leaves, grad)
+
+    f = time_all({n: (lambda kw=kw: fwd(kw)) for n, kw in candidates.items()}, device, repeat)
+    fb = time_all({n: (lambda kw=kw: fwd_bwd(kw)) for n, kw in candidates.items()}, device, repeat)
+    return [{"shape": list(shape), "impl": n, "fwd_ms": f[n], "fwd_bwd_ms": fb[n]} for n in candidates]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--shapes", nargs="*", default=DEFAULT_SHAPES)
+    p.add_argument("--chunks", default="32,64,128")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before timing")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    chunks = [int(c) for c in args.chunks.split(",") if c]
+    print(f"device={device} dtype={args.dtype} threads={torch.get_num_threads()} repeat={args.repeat}")
+    all_rows = []
+    for s in args.shapes:
+        shape = tuple(int(x) for x in s.split(","))
+        rows = bench_shape(shape, device, dtype, chunks, args.repeat)
+        all_rows += rows
+        print(f"\nN,H,L,E,M = {shape}")
+        print(f"{'impl':<14}{'fwd ms':>10}{'fwd+bwd ms':>12}")
+        for r in rows:
+            print(f"{r['impl']:<14}{r['fwd_ms']:>10.2f}{r['fwd_bwd_ms']:>12.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
+                       "rows": all_rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

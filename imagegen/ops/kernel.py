@@ -1,0 +1,139 @@
+"""The compiled causal product (csrc/): build on first use, wrap in autograd.
+
+`causal_product_kernel(q, k, v)` computes the same numerator as the pure-PyTorch forms,
+V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M), with the
+recurrent forward and the constant-memory backward of Algorithm 1.
+
+The C++ source (CPU, float32/float64) is built with torch.utils.cpp_extension.load the
+first time it is needed, into torch's default extension dir (reused across processes);
+the CUDA source (float32/float16/bfloat16) only when this torch has CUDA. A failed or
+impossible build is tried once per process: `load_kernel` then raises KernelUnavailable
+naming the cause, and `kernel_error` returns it, so callers can fall back loudly.
+Set IMAGEGEN_DISABLE_KERNEL=1 to never build (the chunked form is used instead).
+"""
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch.autograd.function import once_differentiable
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+SOURCES = {"cpu": ["causal_product.cpp"], "cuda": ["causal_product_cuda.cu"]}
+DTYPES = {"cpu": (torch.float32, torch.float64),
+          "cuda": (torch.float32, torch.float16, torch.bfloat16)}
+MAX_CUDA_DIM = 256  # largest E and M the CUDA kernel supports (csrc/causal_product_cuda.cu)
+
+_modules = {}  # device type -> built module, or the KernelUnavailable that stopped it
+_warned = set()  # device types whose fallback has been announced
+
+
+class KernelUnavailable(RuntimeError):
+    """The compiled causal product cannot be used on this device; the message says why."""
+
+
+def _build(device_type):
+    """Compile and import the extension for 'cpu' or 'cuda'; raise KernelUnavailable."""
+    from torch.utils import cpp_extension
+
+    if os.environ.get("IMAGEGEN_DISABLE_KERNEL", "") not in ("", "0"):
+        raise KernelUnavailable("disabled by IMAGEGEN_DISABLE_KERNEL")
+    if device_type not in SOURCES:
+        raise KernelUnavailable(f"no compiled causal product for device type {device_type!r}")
+    sources = [CSRC / s for s in SOURCES[device_type]]
+    missing = [str(s) for s in sources if not s.is_file()]
+    if missing:
+        raise KernelUnavailable(f"kernel sources not found: {', '.join(missing)}")
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise KernelUnavailable(f"no C++ compiler: {cxx!r} is not on PATH (set CXX)")
+    cflags, ldflags = ["-O3"], []
+    if torch.backends.openmp.is_available():  # at::parallel_for uses OpenMP pragmas in headers
+        cflags.append("-fopenmp")
+        ldflags.append("-fopenmp")
+    kwargs = {}
+    if device_type == "cuda":
+        if not (torch.cuda.is_available() and torch.version.cuda):
+            raise KernelUnavailable("this torch has no usable CUDA")
+        if cpp_extension.CUDA_HOME is None:
+            raise KernelUnavailable("CUDA toolkit (nvcc) not found: set CUDA_HOME")
+        # nvcc's -O sets host-code optimisation only (device code is optimised regardless);
+        # leaving it out saves minutes of gcc time on torch's headers.
+        kwargs["extra_cuda_cflags"] = []
+    try:
+        return cpp_extension.load(name=f"imagegen_causal_product_{device_type}",
+                                  sources=[str(s) for s in sources], extra_cflags=cflags,
+                                  extra_ldflags=ldflags, verbose=False, **kwargs)
+    except Exception as exc:  # compiler errors, ninja missing, import errors, ...
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "error:" in ln.lower()]  # the compiler's first diagnostic
+        detail = (errors or lines or [type(exc).__name__])[0]
+        detail = detail if len(detail) <= 300 else detail[:300] + "..."
+        raise KernelUnavailable(f"building the {device_type} extension failed: {detail}") from exc
+
+
+def load_kernel(device_type):
+    """The built extension module for 'cpu' or 'cuda', built at most once per process;
+    raises KernelUnavailable with the cause when it cannot be had."""
+    if device_type not in _modules:
+        try:
+            _modules[device_type] = _build(device_type)
+        except KernelUnavailable as exc:
+            _modules[device_type] = exc
+    module = _modules[device_type]
+    if isinstance(module, KernelUnavailable):
+        raise module
+    return module
+
+
+def kernel_error(device_type, warn=False):
+    """None when the kernel for device_type is usable (building it now if needed), else why
+    not. With warn=True the first failure per device type also emits one RuntimeWarning
+    saying that the chunked form is used instead."""
+    try:
+        load_kernel(device_type)
+        return None
+    except KernelUnavailable as exc:
+        if warn and device_type not in _warned:
+            _warned.add(device_type)
+            warnings.warn(f"imagegen: causal product kernel unavailable on {device_type} ({exc}); "
+                          f"falling back to the chunked PyTorch form.", RuntimeWarning, stacklevel=4)
+        return str(exc)
+
+
+def kernel_unsupported(q, v):
+    """None when the kernel handles this dtype/shape on this device, else a sentence why not."""
+    device_type = q.device.type
+    if q.dtype not in DTYPES.get(device_type, ()):
+        names = ", ".join(str(d).replace("torch.", "") for d in DTYPES.get(device_type, ()))
+        return f"the {device_type} kernel supports {names or 'no dtype'}, got {str(q.dtype).replace('torch.', '')}"
+    if device_type == "cuda" and max(q.shape[-1], v.shape[-1]) > MAX_CUDA_DIM:
+        return f"the cuda kernel supports head dims E, M <= {MAX_CUDA_DIM}, got E={q.shape[-1]}, M={v.shape[-1]}"
+    return None
+
+
+class CausalProduct(torch.autograd.Function):
+    """Autograd wrapper: forward and backward both call the compiled kernel."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        module = load_kernel(q.device.type)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        ctx.save_for_backward(q, k, v)
+        return module.forward(q, k, v)  # (N, H, L, M)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v = ctx.saved_tensors
+        if not any(ctx.needs_input_grad):
+            return None, None, None
+        module = load_kernel(q.device.type)
+        grads = module.backward(q, k, v, grad_out.to(v.dtype).contiguous())
+        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
+
+
+def causal_product_kernel(q, k, v):
+    """Compiled causal numerator for q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M)."""
+    return CausalProduct.apply(q, k, v)

@@ -7,19 +7,14 @@ mode=compare     the paper's table for trained checkpoints
 """
 from pathlib import Path
 
-import torch
-from omegaconf import OmegaConf
-
-from .cli import hydra_entry, resolve_device
+from .cli import hydra_entry
 from .data import dataset_info
 from .errors import UserError
 
 MODES = ("attention", "train_step", "sampling", "compare")
 
 
-def task(cfg):
-    c = OmegaConf.to_container(cfg, resolve=True)
-    device = resolve_device(c["device"], c["threads"])
+def task(c, device):
     out = Path(c["out_dir"])
     info = dataset_info(c["data"]["name"])
     from .benchmarks import report

@@ -20,8 +20,10 @@ def check_choices(argv, groups):
 
 
 def hydra_entry(config_name, task, groups=()):
-    """A console-script main() running `task(cfg)` under Hydra, printing UserErrors as one line."""
+    """A console-script main() running `task(cfg, device)` under Hydra, cfg a plain dict with
+    `device` and `threads` keys, printing UserErrors as one line."""
     import hydra
+    from omegaconf import OmegaConf
 
     def main():
         try:
@@ -35,7 +37,8 @@ def hydra_entry(config_name, task, groups=()):
         @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")
         def run(cfg):
             try:
-                task(cfg)
+                plain = OmegaConf.to_container(cfg, resolve=True)
+                task(plain, resolve_device(plain["device"], plain["threads"]))
             except UserError as e:
                 sys.exit(f"error: {e}")
             except KeyboardInterrupt:

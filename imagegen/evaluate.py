@@ -3,10 +3,8 @@ import json
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from . import checkpoint
-from .cli import hydra_entry, resolve_device
+from .cli import hydra_entry
 from .data import load_from_config
 from .errors import UserError
 from .trainer import LN2, total_nll
@@ -43,12 +41,7 @@ def evaluate(cfg, device):
     return result
 
 
-def task(cfg):
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    evaluate(plain, resolve_device(plain["device"], plain["threads"]))
-
-
-main = hydra_entry("eval", task)
+main = hydra_entry("eval", evaluate)
 
 if __name__ == "__main__":
     main()

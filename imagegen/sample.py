@@ -2,11 +2,8 @@
 import time
 from pathlib import Path
 
-import torch
-from omegaconf import OmegaConf
-
 from . import checkpoint
-from .cli import hydra_entry, resolve_device
+from .cli import hydra_entry
 from .data import dataset_info, load_from_config
 from .errors import UserError
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
@@ -51,12 +48,7 @@ def run_sample(cfg, device):
           f"{len(seqs) / seconds:.2f} images/sec")
 
 
-def task(cfg):
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    run_sample(plain, resolve_device(plain["device"], plain["threads"]))
-
-
-main = hydra_entry("sample", task)
+main = hydra_entry("sample", run_sample)
 
 if __name__ == "__main__":
     main()

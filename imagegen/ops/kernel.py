@@ -13,6 +13,7 @@ Set IMAGEGEN_DISABLE_KERNEL=1 to never build (the chunked form is used instead).
 """
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -61,8 +62,11 @@ def _build(device_type):
         # nvcc's -O sets host-code optimisation only (device code is optimised regardless);
         # leaving it out saves minutes of gcc time on torch's headers.
         kwargs["extra_cuda_cflags"] = []
+    name = f"imagegen_causal_product_{device_type}"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    remove_stale_lock(Path(root) / name / "lock")
     try:
-        return cpp_extension.load(name=f"imagegen_causal_product_{device_type}",
+        return cpp_extension.load(name=name,
                                   sources=[str(s) for s in sources], extra_cflags=cflags,
                                   extra_ldflags=ldflags, verbose=False, **kwargs)
     except Exception as exc:  # compiler errors, ninja missing, import errors, ...
@@ -71,6 +75,19 @@ def _build(device_type):
         detail = (errors or lines or [type(exc).__name__])[0]
         detail = detail if len(detail) <= 300 else detail[:300] + "..."
         raise KernelUnavailable(f"building the {device_type} extension failed: {detail}") from exc
+
+
+def remove_stale_lock(lock, max_age_s=900):
+    """torch leaves `lock` behind when a building process is killed, and every later build then
+    waits on it forever; a lock older than any real build is removed, with a warning."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > max_age_s:
+        warnings.warn(f"imagegen: removing a stale extension build lock {lock} ({age / 60:.0f} min old)",
+                      RuntimeWarning, stacklevel=2)
+        lock.unlink(missing_ok=True)
 
 
 def load_kernel(device_type):

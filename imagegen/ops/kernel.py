@@ -77,9 +77,10 @@ def _build(device_type):
         raise KernelUnavailable(f"building the {device_type} extension failed: {detail}") from exc
 
 
-def remove_stale_lock(lock, max_age_s=900):
+def remove_stale_lock(lock, max_age_s=3600):
     """torch leaves `lock` behind when a building process is killed, and every later build then
-    waits on it forever; a lock older than any real build is removed, with a warning."""
+    waits on it forever; a lock older than any real build (a CUDA build took 14 minutes on a
+    loaded 2-core machine) is removed, with a warning."""
     try:
         age = time.time() - lock.stat().st_mtime
     except FileNotFoundError:

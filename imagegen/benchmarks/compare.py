@@ -2,6 +2,8 @@
 import json
 from pathlib import Path
 
+import numpy as np
+
 from .. import checkpoint
 from ..data import dataset_info
 from ..errors import UserError
@@ -9,10 +11,8 @@ from ..sampling import resolve_sampler, sampler_label
 from .report import machine, markdown_table
 from .sampling import measure
 
-import numpy as np
 
-
-def current_eval(path, ck, split):
+def current_eval(path, split):
     """The bits/dim in <stem>.<split>.json when it was written for this very checkpoint file."""
     js = path.with_name(f"{path.stem}.{split}.json")
     if not js.exists():
@@ -31,7 +31,7 @@ def run(cfg, evaluate):
         ck = checkpoint.load(path)
         model = checkpoint.model_from_checkpoint(ck, path).eval()
         info = dataset_info(ck["config"]["data"]["name"])
-        bpd = current_eval(path, ck, cfg["split"])
+        bpd = current_eval(path, cfg["split"])
         source = "json"
         if bpd is None:
             bpd, source = evaluate(path), "computed"

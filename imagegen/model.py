@@ -2,7 +2,8 @@
 
 Input  x (N, D) uint8. The model reads [START, x_0, ..., x_{D-2}] and predicts x_0..x_{D-1},
 so every one of the D sub-pixels is scored. Embedding = byte + row + column + channel, so
-"the same column one row up" is one learned relation rather than 28 separate ones. Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
+"the same column one row up" is one learned relation rather than 28 separate ones.
+Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
 registry by name. The head maps each position to P distribution parameters.
 """
 import torch

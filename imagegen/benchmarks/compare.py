@@ -2,14 +2,12 @@
 import json
 from pathlib import Path
 
-import numpy as np
-
 from .. import checkpoint
 from ..data import dataset_info
 from ..errors import UserError
 from ..sampling import resolve_sampler, sampler_label
 from .report import machine, markdown_table
-from .sampling import measure
+from .sampling import measure, timed_positions
 
 
 def current_eval(path, split):
@@ -36,7 +34,7 @@ def run(cfg, evaluate):
         if bpd is None:
             bpd, source = evaluate(path), "computed"
         sampler = resolve_sampler(model, "auto")
-        positions = [int(x) for x in np.linspace(0, info.length - 1, cfg["n_positions"])]
+        positions = timed_positions(info.length, cfg["n_positions"])
         batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]
         speeds = {b: b / measure(model, sampler, b, positions, cfg["reps"])[0] for b in batches}
         batch = max(speeds, key=speeds.get)

@@ -74,19 +74,20 @@ def kv_cache_bytes(model_cfg, info, batch):
     return batch * model_cfg["n_layers"] * info.length * 2 * model_cfg["d_model"] * 4
 
 
-def run(cfg, model_cfg, info, state_dicts=None):
+def timed_positions(D, n, probes=()):
+    """n evenly spaced positions over 0..D-1, plus the probe positions that exist."""
+    return sorted({int(p) for p in np.linspace(0, D - 1, n)} | {p for p in probes if p < D})
+
+
+def run(cfg, model_cfg, info):
     """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method)."""
     torch.manual_seed(cfg["seed"])
-    D = info.length
-    positions = sorted({int(p) for p in np.linspace(0, D - 1, cfg["n_positions"])} |
-                       {p for p in cfg["probe_positions"] if p < D})
+    positions = timed_positions(info.length, cfg["n_positions"], cfg["probe_positions"])
     results, curves = [], {}
     for name in cfg["methods"]:
         attention, sampler = METHODS[name]
         options = cfg["lsh_options"] if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
         model = build_model({**model_cfg, "attention": attention, "attention_options": options}, info).eval()
-        if state_dicts and attention in state_dicts:
-            model.load_state_dict(state_dicts[attention])
         batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]
         for batch in batches:
             if attention == "softmax" and sampler == "step" and \
@@ -121,7 +122,7 @@ def run(cfg, model_cfg, info, state_dicts=None):
             "curves": {f"{m}@{b}": lat for (m, b), lat in curves.items()}}
 
 
-def report(out, cfg, arch_name, info, model_cfg):
+def report(result, cfg, arch_name, info, model_cfg):
     cols = [("method", "method", None), ("batch", "best batch", None), ("images_per_sec", "images/sec", "{:.4g}"),
             ("speedup_vs_slowest", "x slowest", "{:.1f}"), ("linear_speedup", "linear is x faster", "{:.1f}"),
             ("batch1_seconds_per_image", "batch-1 s/image", "{:.3g}"),
@@ -130,17 +131,18 @@ def report(out, cfg, arch_name, info, model_cfg):
     header = (f"Sampling speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
               f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), float32.\n"
               f"Machine: {machine()}.\n\n")
-    md = header + markdown_table(out["best"], cols)
-    md += "\n\nAll batch sizes:\n\n" + markdown_table(out["results"], [("method", "method", None), ("batch", "batch", None)] + cols[2:3] + cols[6:])
+    md = header + markdown_table(result["best"], cols)
+    per_batch = [("method", "method", None), ("batch", "batch", None)] + cols[2:3] + cols[6:]
+    md += "\n\nAll batch sizes:\n\n" + markdown_table(result["results"], per_batch)
     return md
 
 
-def plot_latency(path, out, batch):
+def plot_latency(path, result, batch):
     series = {}
-    for key, lat in out["curves"].items():
+    for key, lat in result["curves"].items():
         method, b = key.rsplit("@", 1)
         if int(b) == batch and METHODS[method][1] == "step":
-            series[f"{method} (batch {batch})"] = (out["positions"], [x * 1e3 for x in lat])
+            series[f"{method} (batch {batch})"] = (result["positions"], [x * 1e3 for x in lat])
     if series:
         line_plot(path, series, "Per-step latency against position", "position t", "ms per step")
         print(f"wrote {path}")

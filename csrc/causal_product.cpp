@@ -14,15 +14,26 @@
 // Parallel over N * H; memory O(L (E + M)) plus one state per thread, never L x E x M.
 // The state's columns are processed in blocks of one 64-byte SIMD vector (16 floats or 8
 // doubles; C zero-padded to a multiple), the output block accumulating in a register over D.
+//
+// The second half is the whole normalised attention of the model, fused (attention_forward /
+// attention_backward): phi(x) = elu(x) + 1 applied to raw q, k inside the sweeps, the
+// denominator phi(q_t) . z_t (z = sum phi(k_j)) carried beside S rather than as a padded ones
+// column, the division done in place, and inputs and outputs read and written through their
+// strides (the model's q, k, v are views of one projection; out is written (N, L, H, M) so that
+// merging heads is free). Only 1 / (den + eps) per position is kept for the backward pass.
 
 // Light headers (not torch/extension.h): tensors, dispatch, parallel_for and pybind only.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -49,6 +60,81 @@ inline __attribute__((always_inline)) void store(T* p, vec_t<T> x) { __builtin_m
 template <typename T>
 constexpr int64_t padded(int64_t n) { return (n + kBlock<T> - 1) / kBlock<T> * kBlock<T>; }
 
+// The state update and read-out of n consecutive steps s (in the order given):
+//   rows[r] += a[s][r] * b[s]   for r < R      (rows: R x Cp; b[s], out[s]: Cp, zero-padded)
+//   out[s]   = sum_r w[s][r] * rows[r]         (rows after step s's update)
+// Each row is loaded and stored once per NT steps and kept in registers in between (the
+// state's loads and stores, not the arithmetic, bound a one-step loop); columns go NB vector
+// blocks at a time so that each broadcast of a[s][r], w[s][r] serves NB blocks.
+template <typename T, int NB, int NT>
+inline __attribute__((always_inline)) void update_and_read_blocks(T* __restrict__ rows, const T* const* a,
+                                                                  const T* const* b, const T* const* w,
+                                                                  T* const* out, int64_t R, int64_t Cp) {
+  using V = vec_t<T>;
+  constexpr int64_t B = kBlock<T>;
+  V b_blk[NT][NB], acc[NT][NB];
+  for (int s = 0; s < NT; ++s)
+    for (int j = 0; j < NB; ++j) {
+      b_blk[s][j] = load(b[s] + j * B);
+      acc[s][j] = V{};
+    }
+  for (int64_t r = 0; r < R; ++r) {
+    for (int j = 0; j < NB; ++j) {
+      T* row = rows + r * Cp + j * B;
+      V x = load(row);
+      for (int s = 0; s < NT; ++s) {
+        x += a[s][r] * b_blk[s][j];
+        acc[s][j] += w[s][r] * x;
+      }
+      store(row, x);
+    }
+  }
+  for (int s = 0; s < NT; ++s)
+    for (int j = 0; j < NB; ++j) store(out[s] + j * B, acc[s][j]);
+}
+
+template <typename T, int NT>
+inline __attribute__((always_inline)) void update_and_read_steps(T* rows, const T* const* a, const T* const* b,
+                                                                 const T* const* w, T* const* out, int64_t R,
+                                                                 int64_t Cp) {
+  constexpr int64_t B = kBlock<T>;
+  const T *b_c[NT];
+  T* out_c[NT];
+  for (int64_t c0 = 0; c0 < Cp;) {
+    for (int s = 0; s < NT; ++s) {
+      b_c[s] = b[s] + c0;
+      out_c[s] = out[s] + c0;
+    }
+    if (c0 + 2 * B <= Cp) {
+      update_and_read_blocks<T, 2, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
+      c0 += 2 * B;
+    } else {
+      update_and_read_blocks<T, 1, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
+      c0 += B;
+    }
+  }
+}
+
+constexpr int kSteps = 4;  // steps per state pass
+
+// update_and_read_steps for any n <= kSteps steps.
+template <typename T>
+inline __attribute__((always_inline)) void update_and_read(T* rows, const T* const* a, const T* const* b,
+                                                           const T* const* w, T* const* out, int n, int64_t R,
+                                                           int64_t Cp) {
+  if (n == kSteps) return update_and_read_steps<T, kSteps>(rows, a, b, w, out, R, Cp);
+  for (int s = 0; s < n; ++s) update_and_read_steps<T, 1>(rows, a + s, b + s, w + s, out + s, R, Cp);
+}
+
+// Copy n values: whole vectors, then a scalar tail (GCC would turn a plain copy loop into a
+// memmove call, which costs more than the copy for these short rows).
+template <typename T>
+inline __attribute__((always_inline)) void copy_row(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock<T> <= n; i += kBlock<T>) store(dst + i, load(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
 // Scratch for causal_dot_head: the state (D, padded C), one padded row of c, one of out.
 template <typename T>
 int64_t scratch_size(int64_t D, int64_t C) { return (D + 2) * padded<T>(C); }
@@ -59,29 +145,18 @@ template <typename T>
 inline __attribute__((always_inline)) void causal_dot_head(
     const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c, T* __restrict__ out,
     T* __restrict__ work, int64_t L, int64_t D, int64_t C, bool reverse) {
-  using V = vec_t<T>;
-  constexpr int64_t B = kBlock<T>;
   const int64_t Cp = padded<T>(C);
   T* S = work;               // (D, Cp) state; the padding columns stay zero
   T* c_row = S + D * Cp;     // (Cp) c_t, zero-padded
   T* o_row = c_row + Cp;     // (Cp) out_t before trimming to C
+  const T* c_row_c = c_row;
   std::fill(work, work + (D + 1) * Cp, T(0));
   for (int64_t s = 0; s < L; ++s) {
     const int64_t t = reverse ? L - 1 - s : s;
     const T *a_t = a + t * D, *b_t = b + t * D;
-    std::copy(c + t * C, c + (t + 1) * C, c_row);
-    for (int64_t m0 = 0; m0 < Cp; m0 += B) {  // one block of B state columns
-      const V c_blk = load(c_row + m0);
-      V acc = {};
-      for (int64_t d = 0; d < D; ++d) {
-        T* row = S + d * Cp + m0;
-        const V r = load(row) + b_t[d] * c_blk;  // S[d, block] += b_t[d] c_t[block]
-        store(row, r);
-        acc += a_t[d] * r;                       // out_t[block] += a_t[d] S[d, block]
-      }
-      store(o_row + m0, acc);
-    }
-    std::copy(o_row, o_row + C, out + t * C);
+    copy_row(c + t * C, c_row, C);
+    update_and_read_steps<T, 1>(S, &b_t, &c_row_c, &a_t, &o_row, D, Cp);
+    copy_row(o_row, out + t * C, C);
   }
 }
 
@@ -123,6 +198,227 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
               "causal_product (CPU kernel): float32 or float64 only, got ", q.scalar_type());
 }
 
+
+// ---- fused normalised attention ------------------------------------------------------
+
+// exp(x) for x <= 0 on one vector of floats (Cephes expf: range reduction to |r| <= ln2/2,
+// degree-7 polynomial, 2^n through the exponent bits); relative error < 2e-7, down to
+// x = -87 (below, the result is clamped near 1.6e-38).
+typedef int32_t vec_i32 __attribute__((vector_size(64)));
+inline __attribute__((always_inline)) vec_t<float> exp_nonpositive(vec_t<float> x) {
+  using V = vec_t<float>;
+  x = x < -87.0f ? V{} - 87.0f : x;
+  const vec_i32 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vec_i32);  // round(x / ln2), x <= 0
+  const V nf = __builtin_convertvector(n, V);
+  const V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * (V)((n + 127) << 23);
+}
+
+// y[0, D) = phi(x[0, D)) = elu(x) + 1, y[D, Dp) = 0; y holds padded(D) values.
+inline __attribute__((always_inline)) void phi_row(const float* x, float* y, int64_t D) {
+  using V = vec_t<float>;
+  copy_row(x, y, D);
+  for (int64_t i = 0; i < D; i += kBlock<float>) {
+    const V u = load(y + i);
+    store(y + i, u > 0.0f ? u + 1.0f : exp_nonpositive(u > 0.0f ? V{} : u));
+  }
+  std::fill(y + D, y + padded<float>(D), 0.0f);
+}
+inline __attribute__((always_inline)) void phi_row(const double* x, double* y, int64_t D) {
+  for (int64_t i = 0; i < D; ++i) y[i] = x[i] > 0 ? x[i] + 1 : std::exp(x[i]);
+  std::fill(y + D, y + padded<double>(D), 0.0);
+}
+
+// Sum of the lanes of x as a tree (a chain of lane additions would cost ~4 cycles per lane).
+template <typename T>
+inline __attribute__((always_inline)) T hsum(vec_t<T> x) {
+  T lanes[kBlock<T>];
+  __builtin_memcpy(lanes, &x, sizeof x);
+  for (int64_t w = kBlock<T> / 2; w >= 1; w /= 2)
+    for (int64_t i = 0; i < w; ++i) lanes[i] += lanes[i + w];
+  return lanes[0];
+}
+
+template <typename T>
+inline __attribute__((always_inline)) T dot(const T* a, const T* b, int64_t Dp) {  // Dp: a multiple of kBlock
+  vec_t<T> acc = {};
+  for (int64_t i = 0; i < Dp; i += kBlock<T>) acc += load(a + i) * load(b + i);
+  return hsum<T>(acc);
+}
+
+// A (L, D) matrix of one (n, h) pair read or written through its row stride.
+template <typename T> struct Rows {
+  T* p;
+  int64_t stride;
+  T* operator[](int64_t t) const { return p + t * stride; }
+};
+
+// Forward of one (n, h) pair: out_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps) with
+// S_t = sum_{j<=t} phi(k_j) v_j^T (E x M) and z_t = sum_{j<=t} phi(k_j); inv_t = 1 / (den_t + eps).
+// Steps go kSteps at a time through the state.
+template <typename T>
+inline __attribute__((always_inline)) void attention_forward_head(
+    Rows<const T> q, Rows<const T> k, Rows<const T> v, Rows<T> out, T* inv, int64_t L, int64_t E, int64_t M,
+    T eps, T* work) {
+  const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+  T *S = work, *z = S + E * Mp, *qf = z + Ep, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
+    *o = v_row + kSteps * Mp;  // S (E, Mp), z (Ep), then kSteps rows each of phi(q), phi(k), v, out
+  std::fill(work, o + kSteps * Mp, T(0));
+  const T *qf_s[kSteps], *kf_s[kSteps], *v_s[kSteps];
+  T* o_s[kSteps];
+  for (int64_t t0 = 0; t0 < L; t0 += kSteps) {
+    const int n = static_cast<int>(std::min<int64_t>(kSteps, L - t0));
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = t0 + s;
+      qf_s[s] = qf + s * Ep, kf_s[s] = kf + s * Ep, v_s[s] = v_row + s * Mp, o_s[s] = o + s * Mp;
+      phi_row(q[t], qf + s * Ep, E);
+      phi_row(k[t], kf + s * Ep, E);
+      copy_row(v[t], v_row + s * Mp, M);
+      for (int64_t i = 0; i < Ep; i += kBlock<T>) store(z + i, load(z + i) + load(kf_s[s] + i));
+      inv[t] = T(1) / (dot(qf_s[s], z, Ep) + eps);
+    }
+    update_and_read(S, kf_s, v_s, qf_s, o_s, n, E, Mp);
+    for (int s = 0; s < n; ++s)
+      for (int64_t m = 0; m < M; ++m) out[t0 + s][m] = o_s[s][m] * inv[t0 + s];
+  }
+}
+
+// dst = grad_feature * phi'(x) with phi'(x) = min(phi(x), 1), from the feature phi(x).
+template <typename T>
+inline __attribute__((always_inline)) void grad_through_phi(const T* __restrict__ grad_feature,
+                                                            const T* __restrict__ feature, T* __restrict__ dst,
+                                                            int64_t E) {
+  for (int64_t e = 0; e < E; ++e) dst[e] = grad_feature[e] * std::min(feature[e], T(1));
+}
+
+// Backward of one (n, h) pair from g = dLoss/dout. With gn_t = g_t inv_t and
+// gd_t = -(g_t . out_t) inv_t (the gradients of the numerator and the denominator):
+//   forward sweep   grad phi(q_t) = sum_{j<=t} phi(k_j) (v_j . gn_t) + z_t gd_t   (state S^T, M x E)
+//   reverse sweep   grad phi(k_j) = sum_{t>=j} phi(q_t) (v_j . gn_t + gd_t)       (state R^T, M x E, and r)
+//                   grad v_j      = sum_{t>=j} (phi(q_t) . phi(k_j)) gn_t         (state R, E x M)
+// and phi'(x) = min(phi(x), 1) turns the feature gradients into grad q, grad k.
+// phi(q), phi(k), gn and gd are computed once into per-thread rows of work (O(L (E + M))).
+template <typename T>
+inline __attribute__((always_inline)) void attention_backward_head(
+    Rows<const T> q, Rows<const T> k, Rows<const T> v, Rows<const T> out, const T* inv, Rows<const T> g,
+    Rows<T> gq, Rows<T> gk, Rows<T> gv, int64_t L, int64_t E, int64_t M, T* work) {
+  using V = vec_t<T>;
+  constexpr int64_t B = kBlock<T>;
+  const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+  T *St = work, *Rt = St + M * Ep, *R = Rt + M * Ep, *z = R + E * Mp, *r = z + Ep, *acc = r + Ep,
+    *o = acc + kSteps * Ep;  // acc: kSteps rows of Ep, o: kSteps rows of Mp
+  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *GN = KF + L * Ep, *gd = GN + L * Mp;  // (L, Ep), (L, Ep), (L, Mp), (L)
+  std::fill(work, QF, T(0));
+  for (int64_t t = 0; t < L; ++t) {
+    T* gn = GN + t * Mp;
+    phi_row(q[t], QF + t * Ep, E);
+    phi_row(k[t], KF + t * Ep, E);
+    for (int64_t m = 0; m < M; ++m) gn[m] = g[t][m] * inv[t];
+    std::fill(gn + M, gn + Mp, T(0));
+    T s = 0;
+    for (int64_t m = 0; m < M; ++m) s += gn[m] * out[t][m];
+    gd[t] = -s;
+  }
+  const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
+  T *acc_s[kSteps], *o_s[kSteps];
+  for (int s = 0; s < kSteps; ++s) acc_s[s] = acc + s * Ep, o_s[s] = o + s * Mp;
+  // gather kSteps steps (ascending or descending from t0) into the pointer arrays
+  auto gather = [&](int64_t t0, int n, int dir) {
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = t0 + dir * s;
+      qf_s[s] = QF + t * Ep, kf_s[s] = KF + t * Ep, gn_s[s] = GN + t * Mp, v_s[s] = v[t];
+    }
+  };
+  for (int64_t t0 = 0; t0 < L; t0 += kSteps) {
+    const int n = static_cast<int>(std::min<int64_t>(kSteps, L - t0));
+    gather(t0, n, 1);
+    update_and_read(St, v_s, kf_s, gn_s, acc_s, n, M, Ep);
+    for (int s = 0; s < n; ++s) {
+      for (int64_t i = 0; i < Ep; i += B) {
+        store(z + i, load(z + i) + load(kf_s[s] + i));
+        store(acc_s[s] + i, load(acc_s[s] + i) + gd[t0 + s] * load(z + i));
+      }
+      grad_through_phi(acc_s[s], qf_s[s], gq[t0 + s], E);
+    }
+  }
+  for (int64_t t0 = L - 1; t0 >= 0; t0 -= kSteps) {
+    const int n = static_cast<int>(std::min<int64_t>(kSteps, t0 + 1));
+    gather(t0, n, -1);
+    update_and_read(R, qf_s, gn_s, kf_s, o_s, n, E, Mp);
+    update_and_read(Rt, gn_s, qf_s, v_s, acc_s, n, M, Ep);
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = t0 - s;
+      copy_row(o_s[s], gv[t], M);
+      for (int64_t i = 0; i < Ep; i += B) {
+        const V r_new = load(r + i) + gd[t] * load(qf_s[s] + i);
+        store(r + i, r_new);
+        store(acc_s[s] + i, load(acc_s[s] + i) + r_new);
+      }
+      grad_through_phi(acc_s[s], kf_s[s], gk[t], E);
+    }
+  }
+}
+
+template <typename T>
+int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
+  const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + L * (2 * Ep + Mp + 1);
+}
+
+CP_MULTIVERSION void attention_forward_f32(Rows<const float> q, Rows<const float> k, Rows<const float> v,
+                                           Rows<float> out, float* inv, int64_t L, int64_t E, int64_t M, float eps,
+                                           float* work) {
+  attention_forward_head<float>(q, k, v, out, inv, L, E, M, eps, work);
+}
+CP_MULTIVERSION void attention_forward_f64(Rows<const double> q, Rows<const double> k, Rows<const double> v,
+                                           Rows<double> out, double* inv, int64_t L, int64_t E, int64_t M,
+                                           double eps, double* work) {
+  attention_forward_head<double>(q, k, v, out, inv, L, E, M, eps, work);
+}
+CP_MULTIVERSION void attention_backward_f32(Rows<const float> q, Rows<const float> k, Rows<const float> v,
+                                            Rows<const float> out, const float* inv, Rows<const float> g,
+                                            Rows<float> gq, Rows<float> gk, Rows<float> gv, int64_t L, int64_t E,
+                                            int64_t M, float* work) {
+  attention_backward_head<float>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);
+}
+CP_MULTIVERSION void attention_backward_f64(Rows<const double> q, Rows<const double> k, Rows<const double> v,
+                                            Rows<const double> out, const double* inv, Rows<const double> g,
+                                            Rows<double> gq, Rows<double> gk, Rows<double> gv, int64_t L,
+                                            int64_t E, int64_t M, double* work) {
+  attention_backward_head<double>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);
+}
+template <typename T, typename... Args> void attention_forward(Args... args) {
+  if constexpr (std::is_same_v<T, float>) attention_forward_f32(args...);
+  else attention_forward_f64(args...);
+}
+template <typename T, typename... Args> void attention_backward(Args... args) {
+  if constexpr (std::is_same_v<T, float>) attention_backward_f32(args...);
+  else attention_backward_f64(args...);
+}
+
+// The (L, D) rows of pair i = n * H + h of a 4-d (N, H, L, D) tensor with unit last stride.
+template <typename T>
+Rows<T> rows_of(const at::Tensor& x, int64_t i) {
+  const int64_t H = x.size(1);
+  return {static_cast<T*>(x.data_ptr()) + (i / H) * x.stride(0) + (i % H) * x.stride(1), x.stride(2)};
+}
+
+// A new (N, H, L, D) tensor laid out as (N, L, H, D): what merging heads reads without a copy.
+at::Tensor empty_heads_last(const at::Tensor& like, int64_t D) {
+  return at::empty({like.size(0), like.size(2), like.size(1), D}, like.options()).transpose(1, 2);
+}
+
+void check_unit_stride(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "linear attention (CPU kernel): ", name,
+              " must be 4-d with a contiguous last dimension");
+}
 }  // namespace
 
 // q, k (N, H, L, E), v (N, H, L, M) -> out (N, H, L, M)
@@ -170,9 +466,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
   return {gq, gk, gv};
 }
 
+// Fused attention: raw q, k (N, H, L, E), v (N, H, L, M), any strides with a contiguous last dim
+// -> (out (N, H, L, M) laid out (N, L, H, M), inv (N, H, L) = 1 / (den + eps)).
+std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps) {
+  check_inputs(q, k, v);
+  check_unit_stride(q, "q"); check_unit_stride(k, "k"); check_unit_stride(v, "v");
+  const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
+  auto out = empty_heads_last(v, M);
+  auto inv = at::empty({q.size(0), q.size(1), L}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_forward", [&] {
+    at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> work(attention_scratch<scalar_t>(0, E, M));  // no per-position rows
+      for (int64_t i = begin; i < end; ++i)
+        attention_forward<scalar_t>(rows_of<const scalar_t>(q, i), rows_of<const scalar_t>(k, i),
+                                    rows_of<const scalar_t>(v, i), rows_of<scalar_t>(out, i),
+                                    inv.data_ptr<scalar_t>() + i * L, L, E, M, static_cast<scalar_t>(eps),
+                                    work.data());
+    });
+  });
+  return {out, inv};
+}
+
+// -> (grad_q, grad_k, grad_v), each laid out (N, L, H, D).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
+    at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor inv, at::Tensor grad_out) {
+  check_inputs(q, k, v);
+  check_unit_stride(q, "q"); check_unit_stride(k, "k"); check_unit_stride(v, "v");
+  check_unit_stride(out, "out"); check_unit_stride(grad_out, "grad_out");
+  TORCH_CHECK(out.sizes() == v.sizes() && grad_out.sizes() == v.sizes() && inv.is_contiguous() &&
+                  out.scalar_type() == v.scalar_type() && grad_out.scalar_type() == v.scalar_type() &&
+                  inv.scalar_type() == v.scalar_type(),
+              "linear attention backward: out, grad_out must match v, and inv be contiguous (N, H, L)");
+  const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
+  auto gq = empty_heads_last(q, E), gk = empty_heads_last(k, E), gv = empty_heads_last(v, M);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
+    at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> work(attention_scratch<scalar_t>(L, E, M));
+      for (int64_t i = begin; i < end; ++i)
+        attention_backward<scalar_t>(rows_of<const scalar_t>(q, i), rows_of<const scalar_t>(k, i),
+                                     rows_of<const scalar_t>(v, i), rows_of<const scalar_t>(out, i),
+                                     inv.data_ptr<scalar_t>() + i * L, rows_of<const scalar_t>(grad_out, i),
+                                     rows_of<scalar_t>(gq, i), rows_of<scalar_t>(gk, i), rows_of<scalar_t>(gv, i),
+                                     L, E, M, work.data());
+    });
+  });
+  return {gq, gk, gv};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Causal linear attention numerator (CPU): out_i = sum_{j<=i} (q_i . k_j) v_j";
   m.def("forward", &causal_product_forward, "forward(q, k, v) -> out; q, k (N,H,L,E), v (N,H,L,M)");
   m.def("backward", &causal_product_backward,
         "backward(q, k, v, grad_out) -> (grad_q, grad_k, grad_v)");
+  m.def("attention_forward", &attention_forward_cpu,
+        "attention_forward(q, k, v, eps) -> (out, inv): normalised elu+1 attention on raw q, k");
+  m.def("attention_backward", &attention_backward_cpu,
+        "attention_backward(q, k, v, out, inv, grad_out) -> (grad_q, grad_k, grad_v)");
 }

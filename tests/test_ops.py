@@ -196,6 +196,64 @@ def test_mixed_dtypes_and_unknown_impl_raise_value_error():
         ops.causal_product(q, k, v, impl="fast")
 
 
+# ---- the model's attention: phi applied inside (fused on the CPU) -------------------------
+
+def linear_reference(q, k, v):
+    """Normalised attention of raw q, k through phi and the quadratic reference product."""
+    qf, kf = ops.phi(q), ops.phi(k)
+    num = causal_product_reference(qf, kf, v)
+    den = causal_product_reference(qf, kf, torch.ones_like(v[..., :1]))
+    return num / (den + ops.EPS)
+
+
+def make_raw_qkv(*shape, seed=0):
+    """Signed q, k spread over both branches of phi (elu's exp side and the linear side)."""
+    q, k, v = make_qkv(*shape, seed=seed)
+    return 6 * q - 4, 6 * k - 3, v
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_linear_attention_matches_reference_float64(impl, shape, request):
+    if impl == "kernel":
+        request.getfixturevalue("cpu_kernel")
+    q, k, v = make_raw_qkv(*shape)
+    got = out_and_grads(lambda *t: ops.linear_attention(*t, impl=impl), q, k, v)
+    assert_close_all(got, out_and_grads(linear_reference, q, k, v), rtol=1e-9, atol=1e-10)
+
+
+def test_fused_kernel_gradcheck(cpu_kernel):
+    q, k, v = (t.requires_grad_() for t in make_raw_qkv(1, 2, 7, 3, 4))
+    assert torch.autograd.gradcheck(lambda *t: kernel_mod.linear_attention_kernel(*t, 1e-6), (q, k, v))
+
+
+def test_fused_kernel_reads_views_of_one_projection_and_writes_heads_last(cpu_kernel):
+    N, L, H, E = 2, 37, 3, 5
+    qkv = torch.randn(N, L, 3 * H * E, dtype=torch.float64) * 2      # as the model's projection
+    q, k, v = (t.view(N, L, H, E).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+    assert q.stride(-1) == 1 and not q.is_contiguous()
+    got = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), q, k, v)
+    assert_close_all(got, out_and_grads(linear_reference, q, k, v), rtol=1e-9, atol=1e-10)
+    assert ops.linear_attention(q, k, v, impl="kernel").transpose(1, 2).is_contiguous()  # merge is a view
+
+
+def test_fused_kernel_float32_close_to_float64_with_extreme_inputs(cpu_kernel):
+    q, k, v = make_raw_qkv(2, 2, 300, 32, 32)
+    q[0, 0, :50] -= 95          # exp underflow side of phi: far below the float32 range of exp
+    k[0, 1, 100:] += 40         # large keys
+    got = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), *(t.float() for t in (q, k, v)))
+    assert got[0].dtype == torch.float32 and all(torch.isfinite(t).all() for t in got)
+    assert_close_all(got, out_and_grads(linear_reference, q, k, v), rtol=1e-4, atol=1e-4)
+
+
+def test_fused_kernel_only_some_inputs_need_grad(cpu_kernel):
+    q, k, v = make_raw_qkv(1, 2, 10, 3, 4)
+    k.requires_grad_()
+    (gk,) = torch.autograd.grad(ops.linear_attention(q, k, v, impl="kernel").sum(), k)
+    (gk_ref,) = torch.autograd.grad(linear_reference(q, k, v).sum(), k)
+    torch.testing.assert_close(gk, gk_ref)
+
+
 # ---- CUDA ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

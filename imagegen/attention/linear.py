@@ -1,18 +1,14 @@
 """Linear attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020).
 
-Causal forward through `imagegen.ops.causal_linear_attention`; as an RNN, each step
+Causal forward through `imagegen.ops.linear_attention` (fused CPU kernel or chunked); as an RNN, each step
 updates S = sum phi(k) v^T (E x M) and Z = sum phi(k) (E) and reads them with phi(q).
 Z is kept as an extra column of S (v gets a ones column), so one batched product serves both."""
 import torch
 import torch.nn.functional as F
 
-from ..ops import EPS, causal_linear_attention
+from ..ops import EPS, linear_attention, phi
 from ..layers import Dense
 from . import Attention, register
-
-
-def phi(x):
-    return F.elu(x) + 1
 
 
 @register("linear")
@@ -26,7 +22,7 @@ class LinearAttention(Attention):
 
     def forward(self, x):                                    # x (N, L, D)
         q, k, v = (self.split(t) for t in self.qkv(x).chunk(3, dim=-1))   # (N, H, L, E)
-        return self.merge(causal_linear_attention(phi(q), phi(k), v, impl=self.impl))
+        return self.merge(linear_attention(q, k, v, impl=self.impl))
 
     def init_state(self, batch, max_len, device, dtype):
         """Constant-size state whatever max_len: S (N*H, E, M+1), whose last column is Z."""

@@ -14,10 +14,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..attention.linear import phi
 from ..data import dataset_info
 from ..model import build_model
-from ..ops import causal_linear_attention, kernel_error
+from ..ops import kernel_error, linear_attention
 from .report import markdown_table, machine
 
 LINEAR_IMPLS = ("cumsum", "chunked", "kernel", "auto")
@@ -27,7 +26,7 @@ def attention_fn(impl):
     """The causal attention of one implementation on (q, k, v) of shape (N, H, L, E)."""
     if impl == "softmax":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return lambda q, k, v: causal_linear_attention(phi(q), phi(k), v, impl=impl)
+    return lambda q, k, v: linear_attention(q, k, v, impl=impl)
 
 
 def inputs(N, H, L, E, device, seed=0):

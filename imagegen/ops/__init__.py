@@ -1,18 +1,21 @@
-"""Causal linear attention ops: `causal_product` (the numerator) and
-`causal_linear_attention` (normalised), each with a choice of implementation.
+"""Causal linear attention ops: `causal_product` (the numerator),
+`causal_linear_attention` (normalised, on feature-mapped q, k) and `linear_attention`
+(the model's: phi(x) = elu(x) + 1 applied here), each with a choice of implementation.
 
 impl names:
   "reference"  quadratic masked product, O(L^2) memory; for tests
   "cumsum"     cumulative sum of k v^T outer products, O(L E M) memory
   "chunked"    masked products inside chunks + carried state (pure PyTorch, any device)
-  "kernel"     compiled recurrent kernel of csrc/ (CPU: float32/64; CUDA: float32/16, bfloat16)
+  "kernel"     compiled recurrent kernel of csrc/ (CPU: float32/64; CUDA: float32/16, bfloat16);
+               on the CPU `linear_attention` runs it fused with phi and the normalisation
   "auto"       the fastest available for the device and shape (rule in `choose_impl`)
 """
 import torch
+import torch.nn.functional as F
 
 from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
                             causal_product_reference)
-from .kernel import causal_product_kernel, kernel_error, kernel_unsupported
+from .kernel import causal_product_kernel, kernel_error, kernel_unsupported, linear_attention_kernel
 
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "auto")
 CPU_KERNEL_MAX_DIM = 193  # auto on CPU with grad: kernel up to head dim 192 (+ the ones column)
@@ -62,23 +65,30 @@ def choose_impl(q, v):
     return "kernel"
 
 
-def causal_product(q, k, v, impl="auto", chunk_size=None):
-    """V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M) -> (N, H, L, M).
-
-    chunk_size only affects impl="chunked" (any length works, the tail chunk is padded);
-    None picks `default_chunk_size(q)`.
-    """
+def resolve_impl(q, k, v, impl, chunk_size):
+    """Check the arguments and turn impl (maybe "auto") into the implementation to run."""
     if impl not in IMPLS:
         raise ValueError(f"unknown causal product impl {impl!r}; choose one of {', '.join(IMPLS)}.")
     check_qkv(q, k, v)
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None (tuned default), got {chunk_size!r}.")
     if impl == "auto":
-        impl = choose_impl(q, v)
+        return choose_impl(q, v)
     if impl == "kernel":
         why = kernel_unsupported(q, v) or kernel_error(q.device.type)
         if why is not None:
             raise ValueError(f"impl='kernel' is unavailable: {why}. Use impl='chunked' (or 'auto').")
+    return impl
+
+
+def causal_product(q, k, v, impl="auto", chunk_size=None):
+    """V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M) -> (N, H, L, M).
+
+    chunk_size only affects impl="chunked" (any length works, the tail chunk is padded);
+    None picks `default_chunk_size(q)`.
+    """
+    impl = resolve_impl(q, k, v, impl, chunk_size)
+    if impl == "kernel":
         return causal_product_kernel(q, k, v)
     if impl == "chunked":
         return causal_product_chunked(q, k, v, chunk_size or default_chunk_size(q))
@@ -96,3 +106,19 @@ def causal_linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
     ones = torch.ones_like(v[..., :1])
     out = causal_product(q, k, torch.cat([v, ones], dim=-1), impl=impl, chunk_size=chunk_size)
     return out[..., :-1] / (out[..., -1:] + eps)
+
+
+def phi(x):
+    """The feature map of the paper: elu(x) + 1 > 0."""
+    return F.elu(x) + 1
+
+
+def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
+    """The model's causal linear attention on raw q, k (N, H, L, E) and v (N, H, L, M):
+    causal_linear_attention(phi(q), phi(k), v) -> (N, H, L, M). On the CPU, impl "kernel"
+    (which "auto" picks there) runs one fused kernel that never materialises phi(q), phi(k) or
+    the ones column; q, k, v may be strided views (of one projection, say)."""
+    impl = resolve_impl(q, k, v, impl, chunk_size)
+    if impl == "kernel" and q.device.type == "cpu":
+        return linear_attention_kernel(q, k, v, eps)
+    return causal_linear_attention(phi(q), phi(k), v, impl=impl, eps=eps, chunk_size=chunk_size)

@@ -49,7 +49,8 @@ def _build(device_type):
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise KernelUnavailable(f"no C++ compiler: {cxx!r} is not on PATH (set CXX)")
-    cflags, ldflags = ["-O3"], []
+    # no-tree-loop-distribute-patterns: GCC would turn the short row copies into memmove calls
+    cflags, ldflags = ["-O3", "-fno-tree-loop-distribute-patterns"], []
     if torch.backends.openmp.is_available():  # at::parallel_for uses OpenMP pragmas in headers
         cflags.append("-fopenmp")
         ldflags.append("-fopenmp")
@@ -155,3 +156,31 @@ class CausalProduct(torch.autograd.Function):
 def causal_product_kernel(q, k, v):
     """Compiled causal numerator for q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M)."""
     return CausalProduct.apply(q, k, v)
+
+
+def unit_last_stride(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+class FusedLinearAttention(torch.autograd.Function):
+    """The CPU kernel's fused attention: phi, numerator, denominator and division in one sweep
+    forward and two backward; keeps only 1 / (den + eps) per position beside its inputs and output."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, eps):
+        q, k, v = (unit_last_stride(t) for t in (q, k, v))
+        out, inv = load_kernel("cpu").attention_forward(q, k, v, eps)
+        ctx.save_for_backward(q, k, v, out, inv)
+        return out  # (N, H, L, M), laid out (N, L, H, M)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, inv = ctx.saved_tensors
+        grads = load_kernel("cpu").attention_backward(q, k, v, out, inv, unit_last_stride(grad_out.to(v.dtype)))
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
+
+
+def linear_attention_kernel(q, k, v, eps):
+    """Fused CPU attention on raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M)."""
+    return FusedLinearAttention.apply(q, k, v, eps)

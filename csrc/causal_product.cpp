@@ -28,11 +28,13 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <tuple>
 #include <type_traits>
@@ -262,14 +264,18 @@ template <typename T> struct Rows {
 
 // Forward of one (n, h) pair: out_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps) with
 // S_t = sum_{j<=t} phi(k_j) v_j^T (E x M) and z_t = sum_{j<=t} phi(k_j); inv_t = 1 / (den_t + eps).
-// Steps go kSteps at a time through the state.
+// Steps go kSteps at a time through the state: S (E, Mp) followed by z (Ep), state_size<T>(E, M)
+// values, read at the start (zeros for a whole sequence) and left at its end (for decoding).
+template <typename T>
+int64_t state_size(int64_t E, int64_t M) { return E * padded<T>(M) + padded<T>(E); }
+
 template <typename T>
 inline __attribute__((always_inline)) void attention_forward_head(
     Rows<const T> q, Rows<const T> k, Rows<const T> v, Rows<T> out, T* inv, int64_t L, int64_t E, int64_t M,
-    T eps, T* work) {
+    T eps, T* S, T* work) {
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  T *S = work, *z = S + E * Mp, *qf = z + Ep, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
-    *o = v_row + kSteps * Mp;  // S (E, Mp), z (Ep), then kSteps rows each of phi(q), phi(k), v, out
+  T *z = S + E * Mp, *qf = work, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
+    *o = v_row + kSteps * Mp;  // work: kSteps rows each of phi(q), phi(k), v, out
   std::fill(work, o + kSteps * Mp, T(0));
   const T *qf_s[kSteps], *kf_s[kSteps], *v_s[kSteps];
   T* o_s[kSteps];
@@ -369,18 +375,18 @@ inline __attribute__((always_inline)) void attention_backward_head(
 template <typename T>
 int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + L * (2 * Ep + Mp + 1);
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + L * (2 * Ep + Mp + 1);  // >= forward's
 }
 
 CP_MULTIVERSION void attention_forward_f32(Rows<const float> q, Rows<const float> k, Rows<const float> v,
                                            Rows<float> out, float* inv, int64_t L, int64_t E, int64_t M, float eps,
-                                           float* work) {
-  attention_forward_head<float>(q, k, v, out, inv, L, E, M, eps, work);
+                                           float* S, float* work) {
+  attention_forward_head<float>(q, k, v, out, inv, L, E, M, eps, S, work);
 }
 CP_MULTIVERSION void attention_forward_f64(Rows<const double> q, Rows<const double> k, Rows<const double> v,
                                            Rows<double> out, double* inv, int64_t L, int64_t E, int64_t M,
-                                           double eps, double* work) {
-  attention_forward_head<double>(q, k, v, out, inv, L, E, M, eps, work);
+                                           double eps, double* S, double* work) {
+  attention_forward_head<double>(q, k, v, out, inv, L, E, M, eps, S, work);
 }
 CP_MULTIVERSION void attention_backward_f32(Rows<const float> q, Rows<const float> k, Rows<const float> v,
                                             Rows<const float> out, const float* inv, Rows<const float> g,
@@ -468,23 +474,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
 
 // Fused attention: raw q, k (N, H, L, E), v (N, H, L, M), any strides with a contiguous last dim
 // -> (out (N, H, L, M) laid out (N, L, H, M), inv (N, H, L) = 1 / (den + eps)).
-std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps) {
+// With a state (from attention_state) the sequence continues from it and leaves it at its end:
+// decoding one position at a time is this call with L = 1.
+std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps,
+                                                         std::optional<at::Tensor> state) {
   check_inputs(q, k, v);
   check_unit_stride(q, "q"); check_unit_stride(k, "k"); check_unit_stride(v, "v");
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
   auto out = empty_heads_last(v, M);
   auto inv = at::empty({q.size(0), q.size(1), L}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_forward", [&] {
+    const int64_t state_n = state_size<scalar_t>(E, M);
+    TORCH_CHECK(!state || (state->is_contiguous() && state->scalar_type() == q.scalar_type() &&
+                           state->numel() == BH * state_n),
+                "linear attention: the state does not fit these q, k, v; make it with attention_state");
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> work(attention_scratch<scalar_t>(0, E, M));  // no per-position rows
-      for (int64_t i = begin; i < end; ++i)
+      for (int64_t i = begin; i < end; ++i) {
+        scalar_t* S = state ? state->data_ptr<scalar_t>() + i * state_n : work.data();
+        if (!state) std::fill(S, S + state_n, scalar_t(0));
         attention_forward<scalar_t>(rows_of<const scalar_t>(q, i), rows_of<const scalar_t>(k, i),
                                     rows_of<const scalar_t>(v, i), rows_of<scalar_t>(out, i),
-                                    inv.data_ptr<scalar_t>() + i * L, L, E, M, static_cast<scalar_t>(eps),
-                                    work.data());
+                                    inv.data_ptr<scalar_t>() + i * L, L, E, M, static_cast<scalar_t>(eps), S,
+                                    work.data() + state_n);
+      }
     });
   });
   return {out, inv};
+}
+
+// A zero state for attention_forward: (N * H, state_size) of like's dtype and device.
+at::Tensor attention_state(const at::Tensor& like, int64_t BH, int64_t E, int64_t M) {
+  int64_t n = 0;
+  AT_DISPATCH_FLOATING_TYPES(like.scalar_type(), "attention_state", [&] { n = state_size<scalar_t>(E, M); });
+  return at::zeros({BH, n}, like.options());
 }
 
 // -> (grad_q, grad_k, grad_v), each laid out (N, L, H, D).
@@ -518,8 +541,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &causal_product_forward, "forward(q, k, v) -> out; q, k (N,H,L,E), v (N,H,L,M)");
   m.def("backward", &causal_product_backward,
         "backward(q, k, v, grad_out) -> (grad_q, grad_k, grad_v)");
-  m.def("attention_forward", &attention_forward_cpu,
-        "attention_forward(q, k, v, eps) -> (out, inv): normalised elu+1 attention on raw q, k");
+  m.def("attention_forward", &attention_forward_cpu, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+        pybind11::arg("eps"), pybind11::arg("state") = pybind11::none(),
+        "attention_forward(q, k, v, eps, state=None) -> (out, inv): normalised elu+1 attention on raw q, k");
+  m.def("attention_state", &attention_state, "attention_state(like, N*H, E, M) -> zero decoding state");
   m.def("attention_backward", &attention_backward_cpu,
         "attention_backward(q, k, v, out, inv, grad_out) -> (grad_q, grad_k, grad_v)");
 }

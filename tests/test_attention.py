@@ -3,6 +3,7 @@ import torch
 
 from imagegen.attention import make_attention
 from imagegen.attention.lsh import LSHAttention
+from imagegen.ops import kernel_error
 
 ALL = {"softmax": {}, "linear": {}, "lsh": {"n_hashes": 2, "n_buckets": 4, "chunk_size": 8}}
 
@@ -21,13 +22,16 @@ def test_output_at_t_ignores_later_inputs(name, L):
         assert not torch.allclose(attn(x2)[:, t + 1:], y[:, t + 1:])   # and later outputs do depend on them
 
 
-@pytest.mark.parametrize("name", ["softmax", "linear"])
+@pytest.mark.parametrize("name, options", [("softmax", {}), ("linear", {}), ("linear", {"impl": "chunked"})],
+                         ids=["softmax", "linear-auto", "linear-chunked"])  # auto: the fused kernel's step
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float64, 1e-10)])
-def test_step_matches_forward(name, dtype, tol):
+def test_step_matches_forward(name, options, dtype, tol):
     torch.manual_seed(0)
-    attn = make_attention(name, 32, 4).to(dtype)
+    attn = make_attention(name, 32, 4, **options).to(dtype)
     x = torch.randn(3, 41, 32, dtype=dtype)
     state = attn.init_state(3, 41, "cpu", dtype)
+    if name == "linear":
+        assert ("fused" in state) == (options.get("impl") != "chunked" and kernel_error("cpu") is None)
     steps = []
     for t in range(41):
         y_t, state = attn.step(x[:, t], state)

@@ -2,11 +2,13 @@
 
 Causal forward through `imagegen.ops.linear_attention` (fused CPU kernel or chunked); as an RNN, each step
 updates S = sum phi(k) v^T (E x M) and Z = sum phi(k) (E) and reads them with phi(q).
-Z is kept as an extra column of S (v gets a ones column), so one batched product serves both."""
+Where the fused CPU kernel serves the model, a decoding step is that kernel run for one
+position from the carried state; elsewhere Z is kept as an extra column of S (v gets a
+ones column), so one batched product serves both."""
 import torch
 import torch.nn.functional as F
 
-from ..ops import EPS, linear_attention, phi
+from ..ops import EPS, fused_state, fused_step, linear_attention, phi, uses_fused_kernel
 from ..layers import Dense
 from . import Attention, register
 
@@ -25,11 +27,18 @@ class LinearAttention(Attention):
         return self.merge(linear_attention(q, k, v, impl=self.impl))
 
     def init_state(self, batch, max_len, device, dtype):
-        """Constant-size state whatever max_len: S (N*H, E, M+1), whose last column is Z."""
-        return {"S": torch.zeros(batch * self.n_heads, self.head_dim, self.head_dim + 1, device=device, dtype=dtype)}
+        """Constant-size state whatever max_len: the fused kernel's (N*H, S and z), else
+        S (N*H, E, M+1) whose last column is Z."""
+        like, NH, E = torch.empty(0, device=device, dtype=dtype), batch * self.n_heads, self.head_dim
+        if uses_fused_kernel(self.impl, like):
+            return {"fused": fused_state(like, NH, E, E)}
+        return {"S": torch.zeros(NH, E, E + 1, device=device, dtype=dtype)}
 
     def step(self, x_t, state):                              # x_t (N, D)
         N, H, E = x_t.shape[0], self.n_heads, self.head_dim
+        if "fused" in state:
+            q, k, v = self.qkv(x_t).view(N, 3, H, 1, E).unbind(1)                 # (N, H, 1, E) views
+            return self.out(fused_step(q, k, v, state["fused"], EPS).reshape(N, H * E)), state
         qkv = self.qkv(x_t).view(N, 3, H, E)
         qk = phi(qkv[:, :2])                                 # (N, 2, H, E)
         v1 = F.pad(qkv[:, 2], (0, 1), value=1.0)             # (N, H, M+1): v with a ones column

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
                             causal_product_reference)
-from .kernel import causal_product_kernel, kernel_error, kernel_unsupported, linear_attention_kernel
+from .kernel import (causal_product_kernel, fused_state, fused_step, kernel_error, kernel_unsupported,
+                     linear_attention_kernel)
 
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "auto")
 CPU_KERNEL_MAX_DIM = 193  # auto on CPU with grad: kernel up to head dim 192 (+ the ones column)
@@ -119,6 +120,13 @@ def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
     (which "auto" picks there) runs one fused kernel that never materialises phi(q), phi(k) or
     the ones column; q, k, v may be strided views (of one projection, say)."""
     impl = resolve_impl(q, k, v, impl, chunk_size)
-    if impl == "kernel" and q.device.type == "cpu":
+    if impl == "kernel" and q.device.type == "cpu":  # the rule of uses_fused_kernel, with auto's shape rule
         return linear_attention_kernel(q, k, v, eps)
     return causal_linear_attention(phi(q), phi(k), v, impl=impl, eps=eps, chunk_size=chunk_size)
+
+
+def uses_fused_kernel(impl, like):
+    """Whether the fused CPU kernel serves impl ("auto" or "kernel") for tensors like `like`:
+    then decoding can step through it too (`fused_state`, `fused_step`)."""
+    return (impl in ("auto", "kernel") and like.device.type == "cpu" and kernel_unsupported(like, like) is None
+            and kernel_error("cpu", warn=impl == "auto") is None)

@@ -184,3 +184,14 @@ class FusedLinearAttention(torch.autograd.Function):
 def linear_attention_kernel(q, k, v, eps):
     """Fused CPU attention on raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M)."""
     return FusedLinearAttention.apply(q, k, v, eps)
+
+
+def fused_state(like, batch_heads, E, M):
+    """A zero decoding state (S and z of each of batch_heads heads) for `fused_step`."""
+    return load_kernel("cpu").attention_state(like, batch_heads, E, M)
+
+
+def fused_step(q, k, v, state, eps):
+    """One decoding position through the fused CPU kernel: raw q, k (N, H, 1, E), v (N, H, 1, M)
+    -> (N, H, 1, M), laid out (N, 1, H, M); state (from `fused_state`) is updated in place."""
+    return load_kernel("cpu").attention_forward(q, k, v, eps, state)[0]

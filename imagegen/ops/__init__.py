@@ -54,6 +54,8 @@ def choose_impl(q, v):
 
     So the kernel wins 3-7x at the model's head dims, ties from E ~ 128 to 192 in training
     (where its O(L (E + M)) memory decides) and loses 2x at 256; forward alone it always wins.
+    (Measured with the numerator kernel; `linear_attention` runs the fused one, 3.2-4.2x faster
+    than chunked at E = M = 32 in `imagegen-bench mode=attention`, under the same rule.)
     """
     if kernel_unsupported(q, v) is not None:
         return "chunked"

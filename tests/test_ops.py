@@ -57,17 +57,6 @@ def cpu_kernel():
         pytest.skip(f"CPU kernel unavailable: {why}")
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("impl", CPU_IMPLS)
-def test_impl_matches_reference_float64(impl, shape, request):
-    if impl == "kernel":
-        request.getfixturevalue("cpu_kernel")
-    q, k, v = make_qkv(*shape)
-    got = out_and_grads(lambda *t: ops.causal_product(*t, impl=impl), q, k, v)
-    want = out_and_grads(causal_product_reference, q, k, v)
-    assert_close_all(got, want, rtol=1e-10, atol=1e-10)
-
-
 @pytest.mark.parametrize("chunk_size", [1, 7, 64, 100, 1000])
 def test_chunked_any_chunk_size(chunk_size):
     q, k, v = make_qkv(2, 2, 65, 4, 6)
@@ -214,12 +203,16 @@ def make_raw_qkv(*shape, seed=0):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("impl", CPU_IMPLS)
-def test_linear_attention_matches_reference_float64(impl, shape, request):
+@pytest.mark.parametrize("op", ["causal_product", "linear_attention"])
+def test_impl_matches_reference_float64(op, impl, shape, request):
+    """The numerator on feature-mapped q, k, and the model's attention on raw q, k."""
     if impl == "kernel":
         request.getfixturevalue("cpu_kernel")
-    q, k, v = make_raw_qkv(*shape)
-    got = out_and_grads(lambda *t: ops.linear_attention(*t, impl=impl), q, k, v)
-    assert_close_all(got, out_and_grads(linear_reference, q, k, v), rtol=1e-9, atol=1e-10)
+    make, reference = (make_qkv, causal_product_reference) if op == "causal_product" else \
+        (make_raw_qkv, linear_reference)
+    q, k, v = make(*shape)
+    got = out_and_grads(lambda *t: getattr(ops, op)(*t, impl=impl), q, k, v)
+    assert_close_all(got, out_and_grads(reference, q, k, v), rtol=1e-9, atol=1e-10)
 
 
 def test_fused_kernel_gradcheck(cpu_kernel):

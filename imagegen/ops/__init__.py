@@ -122,7 +122,7 @@ def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
     (which "auto" picks there) runs one fused kernel that never materialises phi(q), phi(k) or
     the ones column; q, k, v may be strided views (of one projection, say)."""
     impl = resolve_impl(q, k, v, impl, chunk_size)
-    if impl == "kernel" and q.device.type == "cpu":  # the rule of uses_fused_kernel, with auto's shape rule
+    if impl == "kernel" and q.device.type == "cpu":
         return linear_attention_kernel(q, k, v, eps)
     return causal_linear_attention(phi(q), phi(k), v, impl=impl, eps=eps, chunk_size=chunk_size)
 

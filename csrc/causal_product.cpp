@@ -31,6 +31,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "qkv_checks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -189,13 +191,7 @@ void causal_dot(const T* a, const T* b, const T* c, T* out, T* work, int64_t L, 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "causal_product (CPU kernel): q, k, v must be CPU tensors");
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "causal_product: expected 4-d q, k (N, H, L, E) and v (N, H, L, M)");
-  TORCH_CHECK(q.sizes() == k.sizes(), "causal_product: q and k must have the same shape (N, H, L, E)");
-  TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
-              "causal_product: v must share (N, H, L) with q");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-              "causal_product: q, k, v must share one dtype");
+  check_qkv_shapes(q, k, v);
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "causal_product (CPU kernel): float32 or float64 only, got ", q.scalar_type());
 }

@@ -28,6 +28,8 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include "qkv_checks.h"
+
 #include <tuple>
 
 namespace {
@@ -178,13 +180,7 @@ at::Tensor causal_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), "causal_product (CUDA kernel): q, k, v must be CUDA tensors");
   TORCH_CHECK(q.device() == k.device() && q.device() == v.device(), "causal_product: q, k, v must be on one device");
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "causal_product: expected 4-d q, k (N, H, L, E) and v (N, H, L, M)");
-  TORCH_CHECK(q.sizes() == k.sizes(), "causal_product: q and k must have the same shape (N, H, L, E)");
-  TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
-              "causal_product: v must share (N, H, L) with q");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-              "causal_product: q, k, v must share one dtype");
+  check_qkv_shapes(q, k, v);
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
               "causal_product (CUDA kernel): float32, float16 or bfloat16 only, got ", q.scalar_type(),
               "; use impl='chunked'");

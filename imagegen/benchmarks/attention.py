@@ -6,10 +6,8 @@ forward+backward is measured in a fresh subprocess per case (CPU: the rise of th
 peak resident memory (VmHWM, reset after making the inputs); CUDA: max_memory_allocated).
 """
 import json
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +16,7 @@ from ..data import dataset_info
 from ..model import build_model
 from ..ops import kernel_error, linear_attention
 from .report import markdown_table, machine
+from .timing import median_ms, sync
 
 LINEAR_IMPLS = ("cumsum", "chunked", "kernel", "auto")
 
@@ -32,23 +31,6 @@ def attention_fn(impl):
 def inputs(N, H, L, E, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(N, H, L, E, generator=g).to(device).requires_grad_() for _ in range(3)]
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_ms(fn, device, repeat):
-    fn()
-    sync(device)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def time_case(impl, N, H, L, E, device, repeat):

@@ -2,43 +2,21 @@
 threads, same inputs, interleaved rounds): forward (no grad) and forward+backward, in
 milliseconds, median over rounds.
 
-    python -m imagegen.ops.benchmark [--device cpu] [--dtype float32] [--json out.json]
+    python -m imagegen.benchmarks.causal_product [--device cpu] [--dtype float32] [--json out.json]
         [--shapes 4,8,784,32,32 16,4,3072,32,32 ...] [--chunks 32,64,128] [--repeat 5]
 
 Shapes are N,H,L,E,M. Prints one table per shape and optionally writes all rows as JSON.
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
-from . import causal_product
-from .kernel import kernel_error
+from ..ops import causal_product, kernel_error
+from .timing import time_all
 
 DEFAULT_SHAPES = ["4,8,784,32,32", "4,8,3072,32,32", "4,8,16384,32,32",
                   "16,4,784,32,32", "16,4,3072,32,32"]
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_all(fns, device, repeat):
-    """Median wall time in ms of each fn, timed in interleaved rounds (one call of each per
-    round, after a warm-up round) so that load from other processes hits all alike."""
-    times = {name: [] for name in fns}
-    for r in range(repeat + 1):
-        for name, fn in fns.items():
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if r:
-                times[name].append((time.perf_counter() - t0) * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def bench_shape(shape, device, dtype, chunks, repeat):

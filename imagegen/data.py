@@ -181,24 +181,36 @@ def download(name, root):
 
 
 # ---------------------------------------------------------------- splits
-def load_split(name, root, split, val_fraction=0.05, seed=0, download_missing=False):
-    """Return uint8 sequences (B, D) and labels (B,) of split 'train', 'val' or 'test'.
+def load_splits(name, root, splits, val_fraction=0.05, seed=0, download_missing=False):
+    """{split: (uint8 sequences (B, D), labels (B,))} for splits among 'train', 'val', 'test',
+    reading the training files (and the test files) once however many splits come from them.
 
     'val' is a seeded random `val_fraction` of the training files; 'train' is the rest."""
     info = dataset_info(name)
-    if split not in ("train", "val", "test"):
-        raise UserError(f"unknown split {split!r}; choose train, val or test.")
+    for split in splits:
+        if split not in ("train", "val", "test"):
+            raise UserError(f"unknown split {split!r}; choose train, val or test.")
     if download_missing:
         download(name, root)
     loader = load_mnist if name == "mnist" else load_cifar10
-    x, y = loader(root, train=split != "test")
-    if split != "test":
+    out = {}
+    for train_files in sorted({split != "test" for split in splits}):
+        x, y = loader(root, train=train_files)
+        assert x.shape[1] == info.length
+        if not train_files:
+            out["test"] = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)
+            continue
         perm = np.random.default_rng(seed).permutation(len(x))
         n_val = max(1, int(round(len(x) * val_fraction)))
-        idx = perm[:n_val] if split == "val" else perm[n_val:]
-        x, y = x[idx], y[idx]
-    assert x.shape[1] == info.length
-    return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)
+        for split in {"train", "val"} & set(splits):
+            idx = perm[:n_val] if split == "val" else perm[n_val:]
+            out[split] = torch.from_numpy(np.ascontiguousarray(x[idx])), torch.from_numpy(y[idx])
+    return out
+
+
+def load_split(name, root, split, val_fraction=0.05, seed=0, download_missing=False):
+    """Uint8 sequences (B, D) and labels (B,) of one split (see `load_splits`)."""
+    return load_splits(name, root, (split,), val_fraction, seed, download_missing)[split]
 
 
 def sequence_to_image(seq, info):
@@ -211,8 +223,9 @@ def image_to_sequence(img):
     return img.reshape(img.shape[0], -1)
 
 
-def load_from_config(data_cfg, split, overrides=None):
-    """Sequences (B, D) of a split as described by a `data` config section (dict); non-null
-    `overrides` (e.g. a new root) replace its values."""
+def load_from_config(data_cfg, splits, overrides=None):
+    """[sequences (B, D) of each split in splits] as described by a `data` config section
+    (dict); non-null `overrides` (e.g. a new root) replace its values."""
     d = {**data_cfg, **{k: v for k, v in (overrides or {}).items() if v is not None}}
-    return load_split(d["name"], d["root"], split, d["val_fraction"], d["split_seed"], d["download"])[0]
+    loaded = load_splits(d["name"], d["root"], splits, d["val_fraction"], d["split_seed"], d["download"])
+    return [loaded[split][0] for split in splits]

@@ -15,7 +15,7 @@ def evaluate(cfg, device):
     path = Path(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device)
-    x = load_from_config(ck["config"]["data"], cfg["split"], cfg["data"])
+    (x,) = load_from_config(ck["config"]["data"], (cfg["split"],), cfg["data"])
     if cfg["max_images"]:
         x = x[: cfg["max_images"]]
     lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]

@@ -26,7 +26,8 @@ def run_sample(cfg, device):
         images = to_images(seqs, info)
         nrow = cfg["nrow"]
     elif cfg["mode"] == "complete":
-        originals = load_from_config(ck["config"]["data"], "test", cfg["data"])[: cfg["num_originals"]]
+        (originals,) = load_from_config(ck["config"]["data"], ("test",), cfg["data"])
+        originals = originals[: cfg["num_originals"]]
         k = cfg["completions"]
         keep = info.height // 2
         prefix = originals[:, : keep * info.width * info.channels].repeat_interleave(k, dim=0)

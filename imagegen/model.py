@@ -76,8 +76,8 @@ class PixelTransformer(nn.Module):
         return self.proj(self.ln_f(h))
 
     def nll(self, x):
-        """Negative log-likelihood in nats of each sub-pixel, (N, D)."""
-        return -self.head.log_prob(self(x), x)
+        """Negative log-likelihood in nats of each sub-pixel, (N, D); float32 under autocast too."""
+        return -self.head.log_prob(self(x).float(), x)
 
     def init_state(self, batch, device, dtype=torch.float32):
         return {"t": 0, "layers": [b.attn.init_state(batch, self.length, device, dtype) for b in self.blocks]}

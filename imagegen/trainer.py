@@ -3,7 +3,6 @@ import json
 import math
 import signal
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -13,6 +12,7 @@ from . import checkpoint
 from .data import dataset_info, load_from_config
 from .errors import UserError
 from .model import build_model
+from .precision import autocast, use_bf16
 
 LN2 = math.log(2)
 
@@ -62,6 +62,7 @@ def train(cfg, device):
         raise UserError(f"the training split holds {len(x_train)} images, fewer than train.batch_size="
                         f"{t['batch_size']}; lower the batch size or add data.")
 
+    bf16 = use_bf16(t["bf16"], device)
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg["model"], info).to(device)
     opt = make_optimizer(model.parameters(), t)
@@ -77,7 +78,8 @@ def train(cfg, device):
         print(f"resuming {last} at step {state['step']} ({state['elapsed'] / 60:.1f} min trained)")
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{cfg['model']['attention']} model, {n_params / 1e6:.2f}M parameters, {len(x_train)} training images "
-          f"of {info.length} sub-pixels, device {device}, run dir {run_dir}")
+          f"of {info.length} sub-pixels, device {device}"
+          f"{' (bfloat16 autocast)' if bf16 else ''}, run dir {run_dir}")
 
     def save(name):
         checkpoint.save(run_dir / name, {"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),
@@ -114,8 +116,6 @@ def train(cfg, device):
     def budget_left():
         return state["step"] < t["max_steps"] and not (t["max_minutes"] and state["elapsed"] >= 60 * t["max_minutes"])
 
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and t["bf16"]
-                else nullcontext())
     if not budget_left():
         print(f"nothing to do: {last} already holds {state['step']} steps; raise train.max_steps or "
               f"train.max_minutes to train on")
@@ -136,7 +136,7 @@ def train(cfg, device):
             lr = learning_rate(t, state["step"], state["elapsed"])
             for group in opt.param_groups:
                 group["lr"] = lr
-            with autocast:
+            with autocast(device, bf16):
                 loss = model.nll(x).mean()           # nats per sub-pixel
             if not torch.isfinite(loss):
                 raise UserError(f"the loss became {loss.item()} at step {state['step']}; lower train.lr or "

@@ -21,6 +21,29 @@ def test_model_step_matches_forward(attention, channels):
     assert torch.allclose(torch.stack(steps, 1), model(x), atol=1e-4)
 
 
+@pytest.mark.parametrize("attention", ["linear", "softmax", "lsh"])
+def test_bf16_autocast_loss_and_gradients_track_float32(attention):
+    """Training under bfloat16 autocast (train.bf16) scores within 1% of float32, with a float32
+    loss and gradients pointing the same way."""
+    torch.manual_seed(0)
+    options = {"chunk_size": 4} if attention == "lsh" else {}
+    model = PixelTransformer(32, 1, 8, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64,
+                             attention_options=options).eval()
+    x = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
+
+    def loss_and_grad(bf16):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model.nll(x).mean()
+        loss.backward()
+        return loss, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    (loss32, grad32), (loss16, grad16) = loss_and_grad(False), loss_and_grad(True)
+    assert loss16.dtype == torch.float32
+    assert abs(loss16.item() - loss32.item()) < 0.01 * loss32.item()
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
+
+
 def test_every_subpixel_is_scored_including_the_first():
     torch.manual_seed(0)
     model = PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32)

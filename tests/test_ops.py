@@ -135,6 +135,20 @@ def test_auto_on_cpu_half_falls_back_to_chunked():
     assert ops.choose_impl(q.half(), v.half()) == "chunked"
 
 
+@pytest.mark.parametrize("impl", ["chunked", "auto"])
+def test_linear_attention_is_float32_under_autocast_and_for_bf16_inputs(impl):
+    """Autocast must not run the running sums in bfloat16: float32 inputs give the same
+    result with autocast on or off, and bfloat16 inputs give the float32 result rounded."""
+    q, k, v = (t.float() for t in make_qkv(2, 2, 40, 8, 8))
+    want = ops.linear_attention(q, k, v, impl=impl)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = ops.linear_attention(q, k, v, impl=impl)
+        low = ops.linear_attention(*(t.bfloat16() for t in (q, k, v)), impl=impl)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    exact = ops.linear_attention(*(t.bfloat16().float() for t in (q, k, v)), impl=impl)
+    assert low.dtype == torch.bfloat16 and torch.equal(low, exact.bfloat16())
+
+
 def test_kernel_rejects_unsupported_dtype_with_advice():
     q, k, v = (t.half() for t in make_qkv(1, 1, 4, 2, 2))
     with pytest.raises(ValueError, match=r"(?s)float32.*impl='chunked'"):

@@ -9,7 +9,7 @@ ones column), so one batched product serves both."""
 import torch
 import torch.nn.functional as F
 
-from ..ops import EPS, fused_state, fused_step, linear_attention, phi, uses_fused_kernel
+from ..ops import EPS, compute_dtype, fused_state, fused_step, linear_attention, phi, uses_fused_kernel
 from ..layers import Dense
 from . import Attention, register
 
@@ -24,7 +24,9 @@ class LinearAttention(Attention):
         self.impl = impl
 
     def forward(self, x):                                    # x (N, L, D)
-        q, k, v = (self.split(t) for t in self.qkv(x).chunk(3, dim=-1))   # (N, H, L, E)
+        qkv = self.qkv(x)
+        qkv = qkv.to(compute_dtype(qkv))     # under autocast: one contiguous cast, not three strided ones
+        q, k, v = (self.split(t) for t in qkv.chunk(3, dim=-1))             # (N, H, L, E)
         return self.merge(linear_attention(q, k, v, impl=self.impl))
 
     def init_state(self, batch, max_len, device, dtype):

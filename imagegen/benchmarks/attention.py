@@ -13,8 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from ..data import dataset_info
+from ..errors import UserError
 from ..model import build_model
 from ..ops import kernel_error, linear_attention
+from ..precision import autocast
 from .report import markdown_table, machine
 from .timing import median_ms, sync
 
@@ -120,31 +122,39 @@ def run_attention(c, device):
 
 
 def run_train_step(c, device):
-    """One optimizer step of the whole model (the configured architecture) per attention and length."""
+    """One optimizer step of the whole model (the configured architecture) per length,
+    precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention."""
     rows = []
     for name, L in c["train_lengths"].items():
         info = dataset_info(name)
-        for attention in ("softmax", "linear"):
-            torch.manual_seed(0)
-            options = {"impl": "auto"} if attention == "linear" else {}
-            model = build_model({**c["model"], "attention": attention, "attention_options": options}, info).to(device)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            x = torch.randint(0, 256, (c["train_batch"], L), dtype=torch.uint8, device=device)
+        for precision in c["train_precisions"]:
+            if precision not in ("float32", "bfloat16"):
+                raise UserError(f"unknown precision {precision!r} in train_precisions; use float32 or bfloat16.")
+            for attention in ("softmax", "linear"):
+                torch.manual_seed(0)
+                options = {"impl": "auto"} if attention == "linear" else {}
+                model = build_model({**c["model"], "attention": attention, "attention_options": options},
+                                    info).to(device)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                x = torch.randint(0, 256, (c["train_batch"], L), dtype=torch.uint8, device=device)
 
-            def step():
-                loss = model.nll(x).mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            rows.append({"data": name, "length": L, "attention": attention,
-                         "step_ms": median_ms(step, device, c["repeat"])})
-            print(f"{name} L={L} {attention:8s} {rows[-1]['step_ms']:.1f} ms/step", flush=True)
+                def step():
+                    with autocast(device, precision == "bfloat16"):
+                        loss = model.nll(x).mean()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                rows.append({"data": name, "length": L, "precision": precision, "attention": attention,
+                             "step_ms": median_ms(step, device, c["repeat"])})
+                print(f"{name} L={L} {precision} {attention:8s} {rows[-1]['step_ms']:.1f} ms/step", flush=True)
     for row in rows:
-        soft = next(r for r in rows if r["data"] == row["data"] and r["attention"] == "softmax")
+        soft = next(r for r in rows if r["data"] == row["data"] and r["precision"] == row["precision"]
+                    and r["attention"] == "softmax")
         row["speedup"] = soft["step_ms"] / row["step_ms"]
-    cols = [("data", "data", None), ("length", "length", None), ("attention", "attention", None),
-            ("step_ms", "ms / training step", "{:.1f}"), ("speedup", "speedup vs softmax", "{:.2f}x")]
+    cols = [("data", "data", None), ("length", "length", None), ("precision", "precision", None),
+            ("attention", "attention", None), ("step_ms", "ms / training step", "{:.1f}"),
+            ("speedup", "speedup vs softmax", "{:.2f}x")]
     md = (f"Whole-model training step (forward, backward, AdamW), {c['model']['n_layers']} layers, d_model "
-          f"{c['model']['d_model']}, batch {c['train_batch']}, float32, {device}.\nMachine: {machine()}.\n\n"
-          + markdown_table(rows, cols))
+          f"{c['model']['d_model']}, batch {c['train_batch']}, float32 or bfloat16 autocast, {device}.\n"
+          f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
     return {"rows": rows}, md

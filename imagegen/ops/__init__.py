@@ -116,15 +116,29 @@ def phi(x):
     return F.elu(x) + 1
 
 
+def compute_dtype(x):
+    """The dtype `linear_attention` computes in for inputs like x: float32 for float16 and
+    bfloat16 on the CPU (no low-precision kernel there, and running sums need float32), else x's."""
+    return torch.float32 if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
 def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
     """The model's causal linear attention on raw q, k (N, H, L, E) and v (N, H, L, M):
     causal_linear_attention(phi(q), phi(k), v) -> (N, H, L, M). On the CPU, impl "kernel"
     (which "auto" picks there) runs one fused kernel that never materialises phi(q), phi(k) or
-    the ones column; q, k, v may be strided views (of one projection, say)."""
-    impl = resolve_impl(q, k, v, impl, chunk_size)
-    if impl == "kernel" and q.device.type == "cpu":
-        return linear_attention_kernel(q, k, v, eps)
-    return causal_linear_attention(phi(q), phi(k), v, impl=impl, eps=eps, chunk_size=chunk_size)
+    the ones column; q, k, v may be strided views (of one projection, say).
+
+    Never autocast: its running sums need float32. float16/bfloat16 inputs (from an
+    autocast projection, say) go to the CUDA kernel as they are (it accumulates in float32);
+    on the CPU they are computed in float32 and the result cast back."""
+    with torch.autocast(q.device.type, enabled=False):
+        dtype = compute_dtype(q)
+        if dtype != q.dtype:
+            return linear_attention(q.to(dtype), k.to(dtype), v.to(dtype), impl, eps, chunk_size).to(q.dtype)
+        impl = resolve_impl(q, k, v, impl, chunk_size)
+        if impl == "kernel" and q.device.type == "cpu":
+            return linear_attention_kernel(q, k, v, eps)
+        return causal_linear_attention(phi(q), phi(k), v, impl=impl, eps=eps, chunk_size=chunk_size)
 
 
 def uses_fused_kernel(impl, like):

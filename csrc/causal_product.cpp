@@ -26,8 +26,11 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -532,6 +535,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   return {gq, gk, gv};
 }
 
+// One decoding position of a whole PixelTransformer whose every layer is linear attention on
+// this kernel: the loop of PixelTransformer.step in one call, which saves the Python and module
+// overhead of some ninety small ops per position (most of the batch-1 time). h (N, D): the
+// embedded input token. layers: per block [ln1 weight, bias, qkv W, b, out W, b, ln2 weight, bias,
+// ff1 W, b, ff2 W, b, decoding state], Dense weights stored (in, out). head: [ln_f weight, bias,
+// proj W, b]. -> distribution parameters (N, P); the states advance in place.
+at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
+                           const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps) {
+  TORCH_CHECK(h.dim() == 2 && head.size() == 4 && n_heads > 0 && h.size(1) % n_heads == 0,
+              "decode_step: h must be (N, D) with D divisible by n_heads, and head hold 4 tensors");
+  const int64_t N = h.size(0), D = h.size(1), E = D / n_heads;
+  for (const auto& w : layers) {
+    TORCH_CHECK(w.size() == 13, "decode_step: each layer takes 13 tensors");
+    auto qkv = at::addmm(w[3], at::layer_norm(h, {D}, w[0], w[1], ln_eps), w[2]).view({N, 3, n_heads, 1, E});
+    auto a = std::get<0>(attention_forward_cpu(qkv.select(1, 0), qkv.select(1, 1), qkv.select(1, 2), eps, w[12]));
+    h = at::addmm(h, a.reshape({N, D}), w[4]).add_(w[5]);                    // h + attention out W + b
+    auto f = at::addmm(w[9], at::layer_norm(h, {D}, w[6], w[7], ln_eps), w[8]);
+    h = at::addmm(h, at::gelu_(f), w[10]).add_(w[11]);                        // h + GELU(ff1) W + b
+  }
+  return at::addmm(head[3], at::layer_norm(h, {D}, head[0], head[1], ln_eps), head[2]);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Causal linear attention numerator (CPU): out_i = sum_{j<=i} (q_i . k_j) v_j";
   m.def("forward", &causal_product_forward, "forward(q, k, v) -> out; q, k (N,H,L,E), v (N,H,L,M)");
@@ -543,4 +568,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_state", &attention_state, "attention_state(like, N*H, E, M) -> zero decoding state");
   m.def("attention_backward", &attention_backward_cpu,
         "attention_backward(q, k, v, out, inv, grad_out) -> (grad_q, grad_k, grad_v)");
+  m.def("decode_step", &decode_step_cpu,
+        "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer");
 }

@@ -13,6 +13,7 @@ from torch import nn
 from .attention import make_attention
 from .layers import Dense
 from .likelihood import make_head
+from .ops import EPS, decode_step
 
 START = 256  # token id of the start symbol; bytes are 0..255
 
@@ -79,16 +80,32 @@ class PixelTransformer(nn.Module):
         """Negative log-likelihood in nats of each sub-pixel, (N, D); float32 under autocast too."""
         return -self.head.log_prob(self(x).float(), x)
 
-    def init_state(self, batch, device, dtype=torch.float32):
-        return {"t": 0, "layers": [b.attn.init_state(batch, self.length, device, dtype) for b in self.blocks]}
+    def init_state(self, batch, device, dtype=torch.float32, whole_model_kernel=True):
+        """Decoding state for `step`. When every layer steps through the fused CPU kernel (linear
+        attention), the whole step runs as one C++ call unless whole_model_kernel=False."""
+        layers = [b.attn.init_state(batch, self.length, device, dtype) for b in self.blocks]
+        state = {"t": 0, "layers": layers}
+        if whole_model_kernel and all("fused" in s for s in layers):
+            state["kernel"] = self.kernel_weights(layers)
+        return state
+
+    def kernel_weights(self, layers):
+        """The tensors `ops.decode_step` reads: per block its weights and decoding state, and the head."""
+        blocks = [[b.ln1.weight, b.ln1.bias, b.attn.qkv.weight, b.attn.qkv.bias, b.attn.out.weight, b.attn.out.bias,
+                   b.ln2.weight, b.ln2.bias, b.ff[0].weight, b.ff[0].bias, b.ff[2].weight, b.ff[2].bias, s["fused"]]
+                  for b, s in zip(self.blocks, layers)]
+        return blocks, [self.ln_f.weight, self.ln_f.bias, self.proj.weight, self.proj.bias]
 
     def step(self, token, state):
         """token (N,) long: the byte at position t-1 (START for t = 0) -> parameters (N, P) for x_t."""
         t = torch.tensor(state["t"], device=token.device)
         h = self.embed(token, t)
+        state["t"] += 1
+        if "kernel" in state:                    # the loop below as one C++ call
+            blocks, head = state["kernel"]
+            return decode_step(h, blocks, head, self.blocks[0].attn.n_heads, self.ln_f.eps, EPS), state
         for i, block in enumerate(self.blocks):
             h, state["layers"][i] = block.step(h, state["layers"][i])
-        state["t"] += 1
         return self.proj(self.ln_f(h)), state
 
 

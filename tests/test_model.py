@@ -44,6 +44,23 @@ def test_bf16_autocast_loss_and_gradients_track_float32(attention):
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_whole_model_kernel_step_matches_the_module_loop(dtype, tol):
+    """The one-call C++ decoding step of a linear model against the per-module loop."""
+    torch.manual_seed(0)
+    model = PixelTransformer(24, 3, 4, "linear", n_layers=3, d_model=32, n_heads=4, d_ff=64).to(dtype).eval()
+    fast = model.init_state(2, "cpu", dtype)
+    if "kernel" not in fast:
+        pytest.skip("the fused CPU kernel is unavailable")
+    slow = model.init_state(2, "cpu", dtype, whole_model_kernel=False)
+    x = torch.randint(0, 256, (2, 24))
+    token = torch.full((2,), 256)
+    with torch.inference_mode():
+        for t in range(24):
+            torch.testing.assert_close(model.step(token, fast)[0], model.step(token, slow)[0], rtol=tol, atol=tol)
+            token = x[:, t]
+
+
 def test_every_subpixel_is_scored_including_the_first():
     torch.manual_seed(0)
     model = PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
                             causal_product_reference)
-from .kernel import (causal_product_kernel, fused_state, fused_step, kernel_error, kernel_unsupported,
+from .kernel import (causal_product_kernel, decode_step, fused_state, fused_step, kernel_error, kernel_unsupported,
                      linear_attention_kernel)
 
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "auto")

@@ -195,3 +195,9 @@ def fused_step(q, k, v, state, eps):
     """One decoding position through the fused CPU kernel: raw q, k (N, H, 1, E), v (N, H, 1, M)
     -> (N, H, 1, M), laid out (N, 1, H, M); state (from `fused_state`) is updated in place."""
     return load_kernel("cpu").attention_forward(q, k, v, eps, state)[0]
+
+
+def decode_step(h, layers, head, n_heads, ln_eps, eps):
+    """One decoding position of a whole linear PixelTransformer in one C++ call (see
+    `PixelTransformer.kernel_weights`): h (N, D) embedded tokens -> parameters (N, P)."""
+    return load_kernel("cpu").decode_step(h, layers, head, n_heads, ln_eps, eps)

@@ -56,13 +56,13 @@ def train(cfg, device):
     t, d = cfg["train"], cfg["data"]
     run_dir = Path(cfg["run_dir"])
     info = dataset_info(d["name"])
+    bf16 = use_bf16(t["bf16"], device)
     x_train, x_val = load_from_config(d, ("train", "val"))
     x_val = x_val[: t["val_images"]]
     if len(x_train) < t["batch_size"]:
         raise UserError(f"the training split holds {len(x_train)} images, fewer than train.batch_size="
                         f"{t['batch_size']}; lower the batch size or add data.")
 
-    bf16 = use_bf16(t["bf16"], device)
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg["model"], info).to(device)
     opt = make_optimizer(model.parameters(), t)

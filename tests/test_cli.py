@@ -70,6 +70,7 @@ def test_train_and_eval_cifar(model, cifar_root, tmp_path):
     (["data=svhn"], "unknown data 'svhn'; choose one of: cifar10, mnist."),
     (["preset=huge"], "unknown preset 'huge'; choose one of: paper_cifar, paper_mnist, small."),
     (["data.root=/nonexistent", "run_dir=/tmp/imagegen-never"], "MNIST not found"),
+    (["train.bf16=maybe", "run_dir=/tmp/imagegen-never"], "train.bf16 must be auto, true or false, not 'maybe'."),
 ])
 def test_train_errors_are_one_sentence(args, pattern):
     one_line_error(run("imagegen-train", *args, check=False), pattern)

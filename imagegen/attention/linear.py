@@ -40,7 +40,8 @@ class LinearAttention(Attention):
     def step(self, x_t, state):                              # x_t (N, D)
         N, H, E = x_t.shape[0], self.n_heads, self.head_dim
         if "fused" in state:
-            q, k, v = self.qkv(x_t).view(N, 3, H, 1, E).unbind(1)                 # (N, H, 1, E) views
+            qkv = self.qkv(x_t)
+            q, k, v = qkv.to(compute_dtype(qkv)).view(N, 3, H, 1, E).unbind(1)   # (N, H, 1, E) views
             return self.out(fused_step(q, k, v, state["fused"], EPS).reshape(N, H * E)), state
         qkv = self.qkv(x_t).view(N, 3, H, E)
         qk = phi(qkv[:, :2])                                 # (N, 2, H, E)

@@ -120,6 +120,7 @@ def train(cfg, device):
         print(f"nothing to do: {last} already holds {state['step']} steps; raise train.max_steps or "
               f"train.max_minutes to train on")
         return state
+
     def interrupt(signum, frame):              # SIGTERM (e.g. a job scheduler) stops like Ctrl-C: save, then exit
         raise KeyboardInterrupt
 

@@ -21,6 +21,9 @@
 // column, the division done in place, and inputs and outputs read and written through their
 // strides (the model's q, k, v are views of one projection; out is written (N, L, H, M) so that
 // merging heads is free). Only 1 / (den + eps) per position is kept for the backward pass.
+// It also takes bfloat16 q, k, v (autocast training): rows are widened to float32 as they are
+// read, every sum runs in float32, and out and the gradients are rounded (to nearest even) as
+// they are written, so the model's projections feed it with no casts around it.
 
 // Light headers (not torch/extension.h): tensors, dispatch, parallel_for and pybind only.
 #include <ATen/Dispatch.h>
@@ -32,6 +35,7 @@
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/BFloat16.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "qkv_checks.h"
@@ -142,6 +146,20 @@ inline __attribute__((always_inline)) void copy_row(const T* __restrict__ src, T
   for (; i < n; ++i) dst[i] = src[i];
 }
 
+// The fused attention's storage types: float, double, and bfloat16 computed in float.
+template <typename S> struct Compute { using type = S; };
+template <> struct Compute<c10::BFloat16> { using type = float; };
+template <typename S> using compute_t = typename Compute<S>::type;
+
+// Copy n values converting between storage S and compute T (bfloat16 -> float is exact;
+// float -> bfloat16 rounds to nearest even, as torch does).
+template <typename To, typename From>
+inline __attribute__((always_inline)) void convert_row(const From* __restrict__ src, To* __restrict__ dst,
+                                                       int64_t n) {
+  if constexpr (std::is_same_v<To, From>) copy_row(src, dst, n);
+  else for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
+}
+
 // Scratch for causal_dot_head: the state (D, padded C), one padded row of c, one of out.
 template <typename T>
 int64_t scratch_size(int64_t D, int64_t C) { return (D + 2) * padded<T>(C); }
@@ -195,8 +213,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "causal_product (CPU kernel): q, k, v must be CPU tensors");
   check_qkv_shapes(q, k, v);
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "causal_product (CPU kernel): float32 or float64 only, got ", q.scalar_type());
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kBFloat16,
+              "causal_product (CPU kernel): float32, float64 or bfloat16 only, got ", q.scalar_type());
 }
 
 
@@ -222,10 +240,11 @@ inline __attribute__((always_inline)) vec_t<float> exp_nonpositive(vec_t<float> 
   return p * (V)((n + 127) << 23);
 }
 
-// y[0, D) = phi(x[0, D)) = elu(x) + 1, y[D, Dp) = 0; y holds padded(D) values.
-inline __attribute__((always_inline)) void phi_row(const float* x, float* y, int64_t D) {
+// y[0, D) = phi(x[0, D)) = elu(x) + 1, y[D, Dp) = 0; y holds padded(D) values; x may be bfloat16.
+template <typename S>
+inline __attribute__((always_inline)) void phi_row(const S* x, float* y, int64_t D) {
   using V = vec_t<float>;
-  copy_row(x, y, D);
+  convert_row(x, y, D);
   for (int64_t i = 0; i < D; i += kBlock<float>) {
     const V u = load(y + i);
     store(y + i, u > 0.0f ? u + 1.0f : exp_nonpositive(u > 0.0f ? V{} : u));
@@ -268,12 +287,12 @@ template <typename T> struct Rows {
 template <typename T>
 int64_t state_size(int64_t E, int64_t M) { return E * padded<T>(M) + padded<T>(E); }
 
-template <typename T>
+template <typename S, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_forward_head(
-    Rows<const T> q, Rows<const T> k, Rows<const T> v, Rows<T> out, T* inv, int64_t L, int64_t E, int64_t M,
-    T eps, T* S, T* work) {
+    Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<S> out, T* inv, int64_t L, int64_t E, int64_t M,
+    T eps, T* state, T* work) {
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  T *z = S + E * Mp, *qf = work, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
+  T *z = state + E * Mp, *qf = work, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
     *o = v_row + kSteps * Mp;  // work: kSteps rows each of phi(q), phi(k), v, out
   std::fill(work, o + kSteps * Mp, T(0));
   const T *qf_s[kSteps], *kf_s[kSteps], *v_s[kSteps];
@@ -285,22 +304,22 @@ inline __attribute__((always_inline)) void attention_forward_head(
       qf_s[s] = qf + s * Ep, kf_s[s] = kf + s * Ep, v_s[s] = v_row + s * Mp, o_s[s] = o + s * Mp;
       phi_row(q[t], qf + s * Ep, E);
       phi_row(k[t], kf + s * Ep, E);
-      copy_row(v[t], v_row + s * Mp, M);
+      convert_row(v[t], v_row + s * Mp, M);
       for (int64_t i = 0; i < Ep; i += kBlock<T>) store(z + i, load(z + i) + load(kf_s[s] + i));
       inv[t] = T(1) / (dot(qf_s[s], z, Ep) + eps);
     }
-    update_and_read(S, kf_s, v_s, qf_s, o_s, n, E, Mp);
+    update_and_read(state, kf_s, v_s, qf_s, o_s, n, E, Mp);
     for (int s = 0; s < n; ++s)
-      for (int64_t m = 0; m < M; ++m) out[t0 + s][m] = o_s[s][m] * inv[t0 + s];
+      for (int64_t m = 0; m < M; ++m) out[t0 + s][m] = static_cast<S>(o_s[s][m] * inv[t0 + s]);
   }
 }
 
 // dst = grad_feature * phi'(x) with phi'(x) = min(phi(x), 1), from the feature phi(x).
-template <typename T>
+template <typename S, typename T>
 inline __attribute__((always_inline)) void grad_through_phi(const T* __restrict__ grad_feature,
-                                                            const T* __restrict__ feature, T* __restrict__ dst,
+                                                            const T* __restrict__ feature, S* __restrict__ dst,
                                                             int64_t E) {
-  for (int64_t e = 0; e < E; ++e) dst[e] = grad_feature[e] * std::min(feature[e], T(1));
+  for (int64_t e = 0; e < E; ++e) dst[e] = static_cast<S>(grad_feature[e] * std::min(feature[e], T(1)));
 }
 
 // Backward of one (n, h) pair from g = dLoss/dout. With gn_t = g_t inv_t and
@@ -309,26 +328,30 @@ inline __attribute__((always_inline)) void grad_through_phi(const T* __restrict_
 //   reverse sweep   grad phi(k_j) = sum_{t>=j} phi(q_t) (v_j . gn_t + gd_t)       (state R^T, M x E, and r)
 //                   grad v_j      = sum_{t>=j} (phi(q_t) . phi(k_j)) gn_t         (state R, E x M)
 // and phi'(x) = min(phi(x), 1) turns the feature gradients into grad q, grad k.
-// phi(q), phi(k), gn and gd are computed once into per-thread rows of work (O(L (E + M))).
-template <typename T>
+// phi(q), phi(k), v, gn and gd are computed once, in T, into per-thread rows of work (O(L (E + M))).
+template <typename S, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_backward_head(
-    Rows<const T> q, Rows<const T> k, Rows<const T> v, Rows<const T> out, const T* inv, Rows<const T> g,
-    Rows<T> gq, Rows<T> gk, Rows<T> gv, int64_t L, int64_t E, int64_t M, T* work) {
+    Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<const S> out, const T* inv, Rows<const S> g,
+    Rows<S> gq, Rows<S> gk, Rows<S> gv, int64_t L, int64_t E, int64_t M, T* work) {
   using V = vec_t<T>;
   constexpr int64_t B = kBlock<T>;
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *St = work, *Rt = St + M * Ep, *R = Rt + M * Ep, *z = R + E * Mp, *r = z + Ep, *acc = r + Ep,
     *o = acc + kSteps * Ep;  // acc: kSteps rows of Ep, o: kSteps rows of Mp
-  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *GN = KF + L * Ep, *gd = GN + L * Mp;  // (L, Ep), (L, Ep), (L, Mp), (L)
+  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *VF = KF + L * Ep, *GN = VF + L * Mp,
+    *gd = GN + L * Mp;  // (L, Ep) twice, (L, Mp) twice, (L)
   std::fill(work, QF, T(0));
   for (int64_t t = 0; t < L; ++t) {
     T* gn = GN + t * Mp;
     phi_row(q[t], QF + t * Ep, E);
     phi_row(k[t], KF + t * Ep, E);
-    for (int64_t m = 0; m < M; ++m) gn[m] = g[t][m] * inv[t];
-    std::fill(gn + M, gn + Mp, T(0));
+    convert_row(v[t], VF + t * Mp, M);
     T s = 0;
-    for (int64_t m = 0; m < M; ++m) s += gn[m] * out[t][m];
+    for (int64_t m = 0; m < M; ++m) {
+      gn[m] = static_cast<T>(g[t][m]) * inv[t];
+      s += gn[m] * static_cast<T>(out[t][m]);
+    }
+    std::fill(gn + M, gn + Mp, T(0));
     gd[t] = -s;
   }
   const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
@@ -338,7 +361,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
   auto gather = [&](int64_t t0, int n, int dir) {
     for (int s = 0; s < n; ++s) {
       const int64_t t = t0 + dir * s;
-      qf_s[s] = QF + t * Ep, kf_s[s] = KF + t * Ep, gn_s[s] = GN + t * Mp, v_s[s] = v[t];
+      qf_s[s] = QF + t * Ep, kf_s[s] = KF + t * Ep, gn_s[s] = GN + t * Mp, v_s[s] = VF + t * Mp;
     }
   };
   for (int64_t t0 = 0; t0 < L; t0 += kSteps) {
@@ -360,7 +383,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
     update_and_read(Rt, gn_s, qf_s, v_s, acc_s, n, M, Ep);
     for (int s = 0; s < n; ++s) {
       const int64_t t = t0 - s;
-      copy_row(o_s[s], gv[t], M);
+      convert_row(o_s[s], gv[t], M);
       for (int64_t i = 0; i < Ep; i += B) {
         const V r_new = load(r + i) + gd[t] * load(qf_s[s] + i);
         store(r + i, r_new);
@@ -374,38 +397,37 @@ inline __attribute__((always_inline)) void attention_backward_head(
 template <typename T>
 int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + L * (2 * Ep + Mp + 1);  // >= forward's
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + L * (2 * Ep + 2 * Mp + 1);  // >= forward's
 }
 
-CP_MULTIVERSION void attention_forward_f32(Rows<const float> q, Rows<const float> k, Rows<const float> v,
-                                           Rows<float> out, float* inv, int64_t L, int64_t E, int64_t M, float eps,
-                                           float* S, float* work) {
-  attention_forward_head<float>(q, k, v, out, inv, L, E, M, eps, S, work);
+// Entry points per storage type (f32, f64, bf16), cloned as above.
+#define ATTENTION_ENTRY_POINTS(S, suffix)                                                                    \
+  CP_MULTIVERSION void attention_forward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,        \
+                                                  Rows<S> out, compute_t<S>* inv, int64_t L, int64_t E,     \
+                                                  int64_t M, compute_t<S> eps, compute_t<S>* state,         \
+                                                  compute_t<S>* work) {                                     \
+    attention_forward_head<S>(q, k, v, out, inv, L, E, M, eps, state, work);                              \
+  }                                                                                                         \
+  CP_MULTIVERSION void attention_backward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,       \
+                                                   Rows<const S> out, const compute_t<S>* inv,              \
+                                                   Rows<const S> g, Rows<S> gq, Rows<S> gk, Rows<S> gv,     \
+                                                   int64_t L, int64_t E, int64_t M, compute_t<S>* work) {   \
+    attention_backward_head<S>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                          \
+  }
+ATTENTION_ENTRY_POINTS(float, f32)
+ATTENTION_ENTRY_POINTS(double, f64)
+ATTENTION_ENTRY_POINTS(c10::BFloat16, bf16)
+#undef ATTENTION_ENTRY_POINTS
+
+template <typename S, typename... Args> void attention_forward(Args... args) {
+  if constexpr (std::is_same_v<S, float>) attention_forward_f32(args...);
+  else if constexpr (std::is_same_v<S, double>) attention_forward_f64(args...);
+  else attention_forward_bf16(args...);
 }
-CP_MULTIVERSION void attention_forward_f64(Rows<const double> q, Rows<const double> k, Rows<const double> v,
-                                           Rows<double> out, double* inv, int64_t L, int64_t E, int64_t M,
-                                           double eps, double* S, double* work) {
-  attention_forward_head<double>(q, k, v, out, inv, L, E, M, eps, S, work);
-}
-CP_MULTIVERSION void attention_backward_f32(Rows<const float> q, Rows<const float> k, Rows<const float> v,
-                                            Rows<const float> out, const float* inv, Rows<const float> g,
-                                            Rows<float> gq, Rows<float> gk, Rows<float> gv, int64_t L, int64_t E,
-                                            int64_t M, float* work) {
-  attention_backward_head<float>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);
-}
-CP_MULTIVERSION void attention_backward_f64(Rows<const double> q, Rows<const double> k, Rows<const double> v,
-                                            Rows<const double> out, const double* inv, Rows<const double> g,
-                                            Rows<double> gq, Rows<double> gk, Rows<double> gv, int64_t L,
-                                            int64_t E, int64_t M, double* work) {
-  attention_backward_head<double>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);
-}
-template <typename T, typename... Args> void attention_forward(Args... args) {
-  if constexpr (std::is_same_v<T, float>) attention_forward_f32(args...);
-  else attention_forward_f64(args...);
-}
-template <typename T, typename... Args> void attention_backward(Args... args) {
-  if constexpr (std::is_same_v<T, float>) attention_backward_f32(args...);
-  else attention_backward_f64(args...);
+template <typename S, typename... Args> void attention_backward(Args... args) {
+  if constexpr (std::is_same_v<S, float>) attention_backward_f32(args...);
+  else if constexpr (std::is_same_v<S, double>) attention_backward_f64(args...);
+  else attention_backward_bf16(args...);
 }
 
 // The (L, D) rows of pair i = n * H + h of a 4-d (N, H, L, D) tensor with unit last stride.
@@ -426,9 +448,12 @@ void check_unit_stride(const at::Tensor& x, const char* name) {
 }
 }  // namespace
 
-// q, k (N, H, L, E), v (N, H, L, M) -> out (N, H, L, M)
+// q, k (N, H, L, E), v (N, H, L, M) -> out (N, H, L, M). bfloat16 (no sweep of its own here,
+// unlike the fused attention): computed in float32 and rounded back.
 at::Tensor causal_product_forward(at::Tensor q, at::Tensor k, at::Tensor v) {
   check_inputs(q, k, v);
+  if (q.scalar_type() == at::kBFloat16)
+    return causal_product_forward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat)).to(at::kBFloat16);
   q = q.contiguous(); k = k.contiguous(); v = v.contiguous();
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
   auto out = at::empty_like(v);
@@ -450,6 +475,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
   check_inputs(q, k, v);
   TORCH_CHECK(grad_out.sizes() == v.sizes() && grad_out.scalar_type() == v.scalar_type(),
               "causal_product backward: grad_out must match v in shape and dtype");
+  if (q.scalar_type() == at::kBFloat16) {
+    auto [gq, gk, gv] = causal_product_backward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                                                grad_out.to(at::kFloat));
+    return {gq.to(at::kBFloat16), gk.to(at::kBFloat16), gv.to(at::kBFloat16)};
+  }
   q = q.contiguous(); k = k.contiguous(); v = v.contiguous();
   auto g = grad_out.contiguous();
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
@@ -471,30 +501,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
   return {gq, gk, gv};
 }
 
-// Fused attention: raw q, k (N, H, L, E), v (N, H, L, M), any strides with a contiguous last dim
-// -> (out (N, H, L, M) laid out (N, L, H, M), inv (N, H, L) = 1 / (den + eps)).
+// The dtype the fused attention computes in for storage dtype `dtype`: float32 for bfloat16.
+at::ScalarType compute_type(at::ScalarType dtype) { return dtype == at::kBFloat16 ? at::kFloat : dtype; }
+
+#define DISPATCH_ATTENTION_TYPES(dtype, name, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, name, __VA_ARGS__)
+
+// Fused attention: raw q, k (N, H, L, E), v (N, H, L, M), float32, float64 or bfloat16, any
+// strides with a contiguous last dim -> (out (N, H, L, M) of their dtype laid out (N, L, H, M),
+// inv (N, H, L) = 1 / (den + eps) in the compute dtype).
 // With a state (from attention_state) the sequence continues from it and leaves it at its end:
 // decoding one position at a time is this call with L = 1.
 std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps,
                                                          std::optional<at::Tensor> state) {
-  check_inputs(q, k, v);
+  check_qkv_shapes(q, k, v);
   check_unit_stride(q, "q"); check_unit_stride(k, "k"); check_unit_stride(v, "v");
+  TORCH_CHECK(q.device().is_cpu(), "linear attention (CPU kernel): q, k, v must be CPU tensors");
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
   auto out = empty_heads_last(v, M);
-  auto inv = at::empty({q.size(0), q.size(1), L}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_forward", [&] {
-    const int64_t state_n = state_size<scalar_t>(E, M);
-    TORCH_CHECK(!state || (state->is_contiguous() && state->scalar_type() == q.scalar_type() &&
+  auto inv = at::empty({q.size(0), q.size(1), L}, q.options().dtype(compute_type(q.scalar_type())));
+  DISPATCH_ATTENTION_TYPES(q.scalar_type(), "attention_forward", [&] {
+    using T = compute_t<scalar_t>;
+    const int64_t state_n = state_size<T>(E, M);
+    TORCH_CHECK(!state || (state->is_contiguous() && state->scalar_type() == inv.scalar_type() &&
                            state->numel() == BH * state_n),
                 "linear attention: the state does not fit these q, k, v; make it with attention_state");
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> work(attention_scratch<scalar_t>(0, E, M));  // no per-position rows
+      std::vector<T> work(attention_scratch<T>(0, E, M));  // no per-position rows
       for (int64_t i = begin; i < end; ++i) {
-        scalar_t* S = state ? state->data_ptr<scalar_t>() + i * state_n : work.data();
-        if (!state) std::fill(S, S + state_n, scalar_t(0));
+        T* S = state ? state->data_ptr<T>() + i * state_n : work.data();
+        if (!state) std::fill(S, S + state_n, T(0));
         attention_forward<scalar_t>(rows_of<const scalar_t>(q, i), rows_of<const scalar_t>(k, i),
                                     rows_of<const scalar_t>(v, i), rows_of<scalar_t>(out, i),
-                                    inv.data_ptr<scalar_t>() + i * L, L, E, M, static_cast<scalar_t>(eps), S,
+                                    inv.data_ptr<T>() + i * L, L, E, M, static_cast<T>(eps), S,
                                     work.data() + state_n);
       }
     });
@@ -502,37 +541,41 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tenso
   return {out, inv};
 }
 
-// A zero state for attention_forward: (N * H, state_size) of like's dtype and device.
+// A zero state for attention_forward on q, k, v like `like`: (N * H, state_size) in the compute dtype.
 at::Tensor attention_state(const at::Tensor& like, int64_t BH, int64_t E, int64_t M) {
   int64_t n = 0;
-  AT_DISPATCH_FLOATING_TYPES(like.scalar_type(), "attention_state", [&] { n = state_size<scalar_t>(E, M); });
-  return at::zeros({BH, n}, like.options());
+  DISPATCH_ATTENTION_TYPES(like.scalar_type(), "attention_state", [&] { n = state_size<compute_t<scalar_t>>(E, M); });
+  return at::zeros({BH, n}, like.options().dtype(compute_type(like.scalar_type())));
 }
 
-// -> (grad_q, grad_k, grad_v), each laid out (N, L, H, D).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
-    at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor inv, at::Tensor grad_out) {
-  check_inputs(q, k, v);
-  check_unit_stride(q, "q"); check_unit_stride(k, "k"); check_unit_stride(v, "v");
-  check_unit_stride(out, "out"); check_unit_stride(grad_out, "grad_out");
-  TORCH_CHECK(out.sizes() == v.sizes() && grad_out.sizes() == v.sizes() && inv.is_contiguous() &&
-                  out.scalar_type() == v.scalar_type() && grad_out.scalar_type() == v.scalar_type() &&
-                  inv.scalar_type() == v.scalar_type(),
-              "linear attention backward: out, grad_out must match v, and inv be contiguous (N, H, L)");
+// Writes grad_q, grad_k, grad_v (shaped and typed like q, k, v, any strides with a contiguous last
+// dim: views of one buffer, say, so that their caller need not concatenate them).
+void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor inv,
+                            at::Tensor grad_out, at::Tensor gq, at::Tensor gk, at::Tensor gv) {
+  check_qkv_shapes(q, k, v);
+  for (const auto& [x, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {grad_out, "grad_out"},
+                                {gq, "grad_q"}, {gk, "grad_k"}, {gv, "grad_v"}})
+    check_unit_stride(x, name);
+  TORCH_CHECK(out.sizes() == v.sizes() && grad_out.sizes() == v.sizes() && gq.sizes() == q.sizes() &&
+                  gk.sizes() == k.sizes() && gv.sizes() == v.sizes(),
+              "linear attention backward: out, grad_out, grad_v must be shaped like v, grad_q, grad_k like q");
+  for (const auto& x : {out, grad_out, gq, gk, gv})
+    TORCH_CHECK(x.scalar_type() == v.scalar_type(), "linear attention backward: dtypes differ from v's");
+  TORCH_CHECK(inv.is_contiguous() && inv.scalar_type() == compute_type(v.scalar_type()),
+              "linear attention backward: inv must be attention_forward's");
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
-  auto gq = empty_heads_last(q, E), gk = empty_heads_last(k, E), gv = empty_heads_last(v, M);
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
+  DISPATCH_ATTENTION_TYPES(q.scalar_type(), "attention_backward", [&] {
+    using T = compute_t<scalar_t>;
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> work(attention_scratch<scalar_t>(L, E, M));
+      std::vector<T> work(attention_scratch<T>(L, E, M));
       for (int64_t i = begin; i < end; ++i)
         attention_backward<scalar_t>(rows_of<const scalar_t>(q, i), rows_of<const scalar_t>(k, i),
                                      rows_of<const scalar_t>(v, i), rows_of<const scalar_t>(out, i),
-                                     inv.data_ptr<scalar_t>() + i * L, rows_of<const scalar_t>(grad_out, i),
+                                     inv.data_ptr<T>() + i * L, rows_of<const scalar_t>(grad_out, i),
                                      rows_of<scalar_t>(gq, i), rows_of<scalar_t>(gk, i), rows_of<scalar_t>(gv, i),
                                      L, E, M, work.data());
     });
   });
-  return {gq, gk, gv};
 }
 
 // One decoding position of a whole PixelTransformer whose every layer is linear attention on
@@ -567,7 +610,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "attention_forward(q, k, v, eps, state=None) -> (out, inv): normalised elu+1 attention on raw q, k");
   m.def("attention_state", &attention_state, "attention_state(like, N*H, E, M) -> zero decoding state");
   m.def("attention_backward", &attention_backward_cpu,
-        "attention_backward(q, k, v, out, inv, grad_out) -> (grad_q, grad_k, grad_v)");
+        "attention_backward(q, k, v, out, inv, grad_out, grad_q, grad_k, grad_v): writes the gradients");
   m.def("decode_step", &decode_step_cpu,
         "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer");
 }

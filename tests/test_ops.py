@@ -231,7 +231,7 @@ def test_impl_matches_reference_float64(op, impl, shape, request):
 
 def test_fused_kernel_gradcheck(cpu_kernel):
     q, k, v = (t.requires_grad_() for t in make_raw_qkv(1, 2, 7, 3, 4))
-    assert torch.autograd.gradcheck(lambda *t: kernel_mod.linear_attention_kernel(*t, 1e-6), (q, k, v))
+    assert torch.autograd.gradcheck(lambda *t: kernel_mod.linear_attention_kernel(*t, eps=1e-6), (q, k, v))
 
 
 def test_fused_kernel_reads_views_of_one_projection_and_writes_heads_last(cpu_kernel):
@@ -242,6 +242,44 @@ def test_fused_kernel_reads_views_of_one_projection_and_writes_heads_last(cpu_ke
     got = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), q, k, v)
     assert_close_all(got, out_and_grads(linear_reference, q, k, v), rtol=1e-9, atol=1e-10)
     assert ops.linear_attention(q, k, v, impl="kernel").transpose(1, 2).is_contiguous()  # merge is a view
+
+
+@pytest.mark.parametrize("impl", ["kernel", "chunked", "auto"])
+def test_linear_attention_qkv_is_split_attention_merged(impl, request):
+    """The packed form (the fused kernel takes the projection whole and returns its gradient as
+    one tensor) against the reference on the split heads, outputs and gradients in float64."""
+    if impl == "kernel":
+        request.getfixturevalue("cpu_kernel")
+    N, L, H, E = 2, 37, 3, 5
+    qkv = (torch.randn(N, L, 3 * H * E, dtype=torch.float64) * 2).requires_grad_()
+
+    def split_reference(x):
+        q, k, v = (t.view(N, L, H, E).transpose(1, 2) for t in x.chunk(3, dim=-1))
+        return linear_reference(q, k, v).transpose(1, 2).reshape(N, L, H * E)
+
+    g = torch.randn(N, L, H * E, dtype=torch.float64)
+    got = ops.linear_attention_qkv(qkv, H, impl=impl)
+    want = split_reference(qkv)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(*(torch.autograd.grad(o, qkv, g)[0] for o in (got, want)), rtol=1e-9, atol=1e-10)
+
+
+def test_fused_kernel_packed_gradcheck(cpu_kernel):
+    qkv = (torch.randn(2, 6, 3, 2, 3, dtype=torch.float64) * 2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: kernel_mod.linear_attention_kernel(x, eps=1e-6), (qkv,))
+
+
+def test_fused_kernel_bfloat16_is_float32_on_the_same_values(cpu_kernel):
+    """bfloat16 q, k, v are widened as read and summed in float32: the output is the float32
+    kernel's on the same values, rounded; the gradients differ only through that rounding of
+    the output, which the backward reads (well within bfloat16's 2^-8)."""
+    q, k, v = (t.bfloat16() for t in make_raw_qkv(2, 3, 200, 32, 32))
+    low = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), q, k, v)
+    wide = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), *(t.float() for t in (q, k, v)))
+    assert all(t.dtype == torch.bfloat16 for t in low)
+    assert torch.equal(low[0], wide[0].bfloat16())
+    for a, b in zip(low[1:], wide[1:]):
+        torch.testing.assert_close(a.float(), b, rtol=1e-2, atol=1e-2 * b.abs().max().item())
 
 
 def test_fused_kernel_float32_close_to_float64_with_extreme_inputs(cpu_kernel):

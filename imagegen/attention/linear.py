@@ -9,7 +9,7 @@ ones column), so one batched product serves both."""
 import torch
 import torch.nn.functional as F
 
-from ..ops import EPS, compute_dtype, fused_state, fused_step, linear_attention, phi, uses_fused_kernel
+from ..ops import EPS, fused_state, fused_step, linear_attention_qkv, phi, uses_fused_kernel
 from ..layers import Dense
 from . import Attention, register
 
@@ -24,10 +24,7 @@ class LinearAttention(Attention):
         self.impl = impl
 
     def forward(self, x):                                    # x (N, L, D)
-        qkv = self.qkv(x)
-        qkv = qkv.to(compute_dtype(qkv))     # under autocast: one contiguous cast, not three strided ones
-        q, k, v = (self.split(t) for t in qkv.chunk(3, dim=-1))             # (N, H, L, E)
-        return self.merge(linear_attention(q, k, v, impl=self.impl))
+        return self.out(linear_attention_qkv(self.qkv(x), self.n_heads, impl=self.impl))
 
     def init_state(self, batch, max_len, device, dtype):
         """Constant-size state whatever max_len: the fused kernel's (N*H, S and z), else
@@ -40,8 +37,7 @@ class LinearAttention(Attention):
     def step(self, x_t, state):                              # x_t (N, D)
         N, H, E = x_t.shape[0], self.n_heads, self.head_dim
         if "fused" in state:
-            qkv = self.qkv(x_t)
-            q, k, v = qkv.to(compute_dtype(qkv)).view(N, 3, H, 1, E).unbind(1)   # (N, H, 1, E) views
+            q, k, v = self.qkv(x_t).view(N, 3, H, 1, E).unbind(1)                 # (N, H, 1, E) views
             return self.out(fused_step(q, k, v, state["fused"], EPS).reshape(N, H * E)), state
         qkv = self.qkv(x_t).view(N, 3, H, E)
         qk = phi(qkv[:, :2])                                 # (N, 2, H, E)

@@ -6,7 +6,7 @@ impl names:
   "reference"  quadratic masked product, O(L^2) memory; for tests
   "cumsum"     cumulative sum of k v^T outer products, O(L E M) memory
   "chunked"    masked products inside chunks + carried state (pure PyTorch, any device)
-  "kernel"     compiled recurrent kernel of csrc/ (CPU: float32/64; CUDA: float32/16, bfloat16);
+  "kernel"     compiled recurrent kernel of csrc/ (CPU: float32/64, bfloat16; CUDA: float32/16, bfloat16);
                on the CPU `linear_attention` runs it fused with phi and the normalisation
   "auto"       the fastest available for the device and shape (rule in `choose_impl`)
 """
@@ -38,7 +38,7 @@ def choose_impl(q, v):
 
     CUDA: the kernel when it built and supports the dtype (float32/16, bfloat16) and head
     dims (E, M <= 256), else chunked.
-    CPU: the kernel (float32/64) when it built and either no gradient is needed or
+    CPU: the kernel (float32/64, bfloat16) when it built and either no gradient is needed or
     max(E, M) <= 193; else chunked. Measured here (2-core Xeon with AVX-512, shared, float32,
     torch.set_num_threads(1), median ms, kernel vs the best chunk size; N,H,L,E,M):
 
@@ -117,8 +117,8 @@ def phi(x):
 
 
 def compute_dtype(x):
-    """The dtype `linear_attention` computes in for inputs like x: float32 for float16 and
-    bfloat16 on the CPU (no low-precision kernel there, and running sums need float32), else x's."""
+    """The dtype the chunked form and the decoding state compute in for inputs like x: float32
+    for float16 and bfloat16 on the CPU (running sums need float32), else x's."""
     return torch.float32 if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
@@ -128,17 +128,32 @@ def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
     (which "auto" picks there) runs one fused kernel that never materialises phi(q), phi(k) or
     the ones column; q, k, v may be strided views (of one projection, say).
 
-    Never autocast: its running sums need float32. float16/bfloat16 inputs (from an
-    autocast projection, say) go to the CUDA kernel as they are (it accumulates in float32);
-    on the CPU they are computed in float32 and the result cast back."""
+    Never autocast: its running sums need float32. float16/bfloat16 inputs (from an autocast
+    projection, say) go to the kernels as they are (they sum in float32); the CPU's chunked form
+    computes them in float32 and casts the result back."""
     with torch.autocast(q.device.type, enabled=False):
+        impl = resolve_impl(q, k, v, impl, chunk_size)
+        if impl == "kernel" and q.device.type == "cpu":
+            return linear_attention_kernel(q, k, v, eps=eps)
         dtype = compute_dtype(q)
         if dtype != q.dtype:
             return linear_attention(q.to(dtype), k.to(dtype), v.to(dtype), impl, eps, chunk_size).to(q.dtype)
-        impl = resolve_impl(q, k, v, impl, chunk_size)
-        if impl == "kernel" and q.device.type == "cpu":
-            return linear_attention_kernel(q, k, v, eps)
         return causal_linear_attention(phi(q), phi(k), v, impl=impl, eps=eps, chunk_size=chunk_size)
+
+
+def linear_attention_qkv(qkv, n_heads, impl="auto", eps=EPS):
+    """`linear_attention` with heads split and merged: qkv (N, L, 3 H E), the queries, keys and
+    values of H heads side by side as one projection makes them -> (N, L, H E). The fused CPU
+    kernel takes qkv whole, so that its gradient comes back as one tensor, not three to concatenate."""
+    N, L, _ = qkv.shape
+    heads = qkv.view(N, L, 3, n_heads, -1)
+    q, k, v = heads.permute(2, 0, 3, 1, 4)                                  # (N, H, L, E) views
+    with torch.autocast(qkv.device.type, enabled=False):
+        if qkv.device.type == "cpu" and resolve_impl(q, k, v, impl, None) == "kernel":
+            out = linear_attention_kernel(heads, eps=eps)
+        else:
+            out = linear_attention(q, k, v, impl, eps)
+    return out.transpose(1, 2).reshape(N, L, -1)
 
 
 def uses_fused_kernel(impl, like):

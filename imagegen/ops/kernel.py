@@ -4,7 +4,7 @@
 V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M), with the
 recurrent forward and the constant-memory backward of Algorithm 1.
 
-The C++ source (CPU, float32/float64) is built with torch.utils.cpp_extension.load the
+The C++ source (CPU: float32, float64, and bfloat16 summed in float32) is built with torch.utils.cpp_extension.load the
 first time it is needed, into torch's default extension dir (reused across processes);
 the CUDA source (float32/float16/bfloat16) only when this torch has CUDA. A failed or
 impossible build is tried once per process: `load_kernel` then raises KernelUnavailable
@@ -22,7 +22,7 @@ from torch.autograd.function import once_differentiable
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = {"cpu": ["causal_product.cpp"], "cuda": ["causal_product_cuda.cu"]}
-DTYPES = {"cpu": (torch.float32, torch.float64),
+DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
           "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 MAX_CUDA_DIM = 256  # largest E and M the CUDA kernel supports (csrc/causal_product_cuda.cu)
 
@@ -164,30 +164,51 @@ def unit_last_stride(x):
 
 class FusedLinearAttention(torch.autograd.Function):
     """The CPU kernel's fused attention: phi, numerator, denominator and division in one sweep
-    forward and two backward; keeps only 1 / (den + eps) per position beside its inputs and output."""
+    forward and two backward; keeps only 1 / (den + eps) per position beside its inputs and output.
+    Takes q, k, v (N, H, L, E), or one tensor (N, L, 3, H, E) holding them (as a projection makes
+    them), whose gradient then comes back whole rather than as three pieces to concatenate."""
 
     @staticmethod
-    def forward(ctx, q, k, v, eps):
-        q, k, v = (unit_last_stride(t) for t in (q, k, v))
+    def forward(ctx, eps, *inputs):
+        q, k, v = unpack(inputs)
         out, inv = load_kernel("cpu").attention_forward(q, k, v, eps)
-        ctx.save_for_backward(q, k, v, out, inv)
+        ctx.save_for_backward(*inputs, out, inv)
         return out  # (N, H, L, M), laid out (N, L, H, M)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, out, inv = ctx.saved_tensors
-        grads = load_kernel("cpu").attention_backward(q, k, v, out, inv, unit_last_stride(grad_out.to(v.dtype)))
-        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None)
+        *inputs, out, inv = ctx.saved_tensors
+        if len(inputs) == 1:
+            grads = (torch.empty_like(inputs[0], memory_format=torch.contiguous_format),)
+        else:
+            grads = tuple(empty_heads_last(x) for x in inputs)
+        load_kernel("cpu").attention_backward(*unpack(inputs), out, inv, unit_last_stride(grad_out.to(out.dtype)),
+                                              *unpack(grads))
+        return (None, *(g if need else None for g, need in zip(grads, ctx.needs_input_grad[1:])))
 
 
-def linear_attention_kernel(q, k, v, eps):
-    """Fused CPU attention on raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M)."""
-    return FusedLinearAttention.apply(q, k, v, eps)
+def unpack(inputs):
+    """(q, k, v) with unit last strides from [q, k, v] or [qkv (N, L, 3, H, E)]."""
+    if len(inputs) == 1:
+        return unit_last_stride(inputs[0]).permute(2, 0, 3, 1, 4).unbind(0)
+    return tuple(unit_last_stride(x) for x in inputs)
+
+
+def empty_heads_last(x):
+    """An uninitialised tensor shaped like x (N, H, L, D), laid out (N, L, H, D)."""
+    N, H, L, D = x.shape
+    return x.new_empty(N, L, H, D).transpose(1, 2)
+
+
+def linear_attention_kernel(*inputs, eps):
+    """Fused CPU attention on raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M), or on
+    qkv (N, L, 3, H, E) holding the three (see FusedLinearAttention)."""
+    return FusedLinearAttention.apply(eps, *inputs)
 
 
 def fused_state(like, batch_heads, E, M):
-    """A zero decoding state (S and z of each of batch_heads heads) for `fused_step`."""
+    """A zero decoding state (S and z of each of batch_heads heads, float32 for bfloat16) for `fused_step`."""
     return load_kernel("cpu").attention_state(like, batch_heads, E, M)
 
 

@@ -118,3 +118,22 @@ def test_terminated_run_saves_and_resumes(mnist_root, tmp_path):
                *TINY)
     assert f"at step {step}" in proc.stdout
     assert torch.load(tmp_path / "last.pt", weights_only=True)["state"]["step"] == step + 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the setting is glibc's")
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_cpu_entry_points_keep_freed_memory(setting):
+    """resolve_device (every entry point) makes malloc reuse large freed blocks: a 128 MB tensor
+    made after a 256 MB one was freed then faults in no new pages, where by default it faults in
+    all 32,768."""
+    code = ("import resource, torch\n"
+            "from imagegen.cli import resolve_device\n"
+            "resolve_device('cpu')\n"
+            "torch.ones(64 << 20)\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "torch.ones(32 << 20)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
+    env = {**os.environ, "IMAGEGEN_KEEP_FREED_MEMORY": setting}
+    faults = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                check=True).stdout)
+    assert faults < 1000 if setting == "1" else faults > 30000

@@ -30,13 +30,16 @@ def attention_fn(impl):
     return lambda q, k, v: linear_attention(q, k, v, impl=impl)
 
 
-def inputs(N, H, L, E, device, seed=0):
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def inputs(N, H, L, E, device, dtype="float32", seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(N, H, L, E, generator=g).to(device).requires_grad_() for _ in range(3)]
+    return [torch.randn(N, H, L, E, generator=g).to(device, DTYPES[dtype]).requires_grad_() for _ in range(3)]
 
 
-def time_case(impl, N, H, L, E, device, repeat):
-    q, k, v = inputs(N, H, L, E, device)
+def time_case(impl, N, H, L, E, device, dtype, repeat):
+    q, k, v = inputs(N, H, L, E, device, dtype)
     f = attention_fn(impl)
 
     def fwd():
@@ -49,10 +52,10 @@ def time_case(impl, N, H, L, E, device, repeat):
     return median_ms(fwd, device, repeat), median_ms(fwd_bwd, device, repeat)
 
 
-def peak_memory_child(impl, N, H, L, E, device):
+def peak_memory_child(impl, N, H, L, E, device, dtype):
     """Runs in a subprocess: bytes of peak memory one forward+backward adds."""
     device = torch.device(device)
-    q, k, v = inputs(N, H, L, E, device)
+    q, k, v = inputs(N, H, L, E, device, dtype)
     f = attention_fn(impl)
     if device.type == "cuda":
         sync(device)
@@ -76,10 +79,10 @@ def hwm_bytes():
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 
-def peak_memory(impl, N, H, L, E, device, threads):
+def peak_memory(impl, N, H, L, E, device, dtype, threads):
     code = ("import json, sys, torch; from imagegen.benchmarks.attention import peak_memory_child; "
             f"torch.set_num_threads({threads}); "
-            f"print(json.dumps(peak_memory_child({impl!r}, {N}, {H}, {L}, {E}, {str(device)!r})))")
+            f"print(json.dumps(peak_memory_child({impl!r}, {N}, {H}, {L}, {E}, {str(device)!r}, {dtype!r})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode:
         print(f"peak memory of {impl} at L={L} not measured: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -92,30 +95,35 @@ def run_attention(c, device):
     impls = [i for i in c["impls"] if i == "softmax" or i in LINEAR_IMPLS]
     if "kernel" in impls and kernel_error(device.type, warn=True) is not None:
         impls.remove("kernel")
+    unknown = [d for d in c["attention_dtypes"] if d not in DTYPES]
+    if unknown:
+        raise UserError(f"unknown dtype {unknown[0]!r} in attention_dtypes; use {' or '.join(DTYPES)}.")
     rows = []
-    for L in c["lengths"]:
-        for impl in impls:
-            cumsum_gb = 4 * N * H * L * E * (E + 1) * 4 / 2 ** 30      # states, their grads and temporaries
-            if impl == "cumsum" and cumsum_gb > c["cumsum_max_gb"]:
-                rows.append({"L": L, "impl": impl, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"})
-                continue
-            fwd, fwd_bwd = time_case(impl, N, H, L, E, device, c["repeat"])
-            mem = peak_memory(impl, N, H, L, E, device, torch.get_num_threads())
-            rows.append({"L": L, "impl": impl, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd,
-                         "peak_mib": None if mem is None else mem / 2 ** 20})
-            print(f"L={L:6d} {impl:8s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
-                  f"peak {rows[-1]['peak_mib'] or float('nan'):9.1f} MiB", flush=True)
+    for dtype in c["attention_dtypes"]:
+        for L in c["lengths"]:
+            for impl in impls:
+                cumsum_gb = 4 * N * H * L * E * (E + 1) * 4 / 2 ** 30      # states, their grads and temporaries
+                if impl == "cumsum" and cumsum_gb > c["cumsum_max_gb"]:
+                    rows.append({"dtype": dtype, "L": L, "impl": impl, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"})
+                    continue
+                fwd, fwd_bwd = time_case(impl, N, H, L, E, device, dtype, c["repeat"])
+                mem = peak_memory(impl, N, H, L, E, device, dtype, torch.get_num_threads())
+                rows.append({"dtype": dtype, "L": L, "impl": impl, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd,
+                             "peak_mib": None if mem is None else mem / 2 ** 20})
+                print(f"{dtype} L={L:6d} {impl:8s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
+                      f"peak {rows[-1]['peak_mib'] or float('nan'):9.1f} MiB", flush=True)
     for row in rows:
-        soft = next((r for r in rows if r["L"] == row["L"] and r["impl"] == "softmax" and "fwd_ms" in r), None)
+        soft = next((r for r in rows if r["dtype"] == row["dtype"] and r["L"] == row["L"]
+                     and r["impl"] == "softmax" and "fwd_ms" in r), None)
         if soft and "fwd_ms" in row:
             row["speedup_fwd_bwd"] = soft["fwd_bwd_ms"] / row["fwd_bwd_ms"]
             if soft.get("peak_mib") and row.get("peak_mib"):
                 row["memory_vs_softmax"] = row["peak_mib"] / soft["peak_mib"]
-    cols = [("L", "N (length)", None), ("impl", "impl", None), ("fwd_ms", "fwd ms", "{:.2f}"),
+    cols = [("dtype", "dtype", None), ("L", "N (length)", None), ("impl", "impl", None), ("fwd_ms", "fwd ms", "{:.2f}"),
             ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"), ("speedup_fwd_bwd", "fwd+bwd speedup vs softmax", "{:.1f}x"),
             ("peak_mib", "peak MiB (fwd+bwd)", "{:.1f}"), ("memory_vs_softmax", "memory / softmax", "{:.2f}"),
             ("note", "note", None)]
-    md = (f"Causal attention, B={N}, H={H}, D=M={E}, float32, {device}. softmax = "
+    md = (f"Causal attention, B={N}, H={H}, D=M={E}, {' and '.join(c['attention_dtypes'])}, {device}. softmax = "
           f"scaled_dot_product_attention(is_causal=True); linear = elu+1 features, normalised.\n"
           f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
     return {"rows": rows}, md

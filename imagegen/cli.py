@@ -1,7 +1,4 @@
-"""What every entry point shares: Hydra wiring, config-name checks, devices, one-line errors,
-the CPU allocator setting."""
-import ctypes
-import os
+"""What every entry point shares: Hydra wiring, config-name checks, devices, one-line errors."""
 import sys
 from pathlib import Path
 
@@ -54,30 +51,10 @@ def resolve_device(name="auto", threads=0):
     if threads:
         torch.set_num_threads(int(threads))
     if name == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    elif str(name).startswith("cuda") and not torch.cuda.is_available():
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if str(name).startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device={name} asked for, but this torch build sees no CUDA GPU; use device=cpu or device=auto.")
-    else:
-        try:
-            device = torch.device(name)
-        except RuntimeError:
-            raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N.") from None
-    if device.type == "cpu":
-        keep_freed_memory()
-    return device
-
-
-def keep_freed_memory():
-    """Make glibc's malloc keep freed memory for reuse. By default it hands every block over 32 MB
-    (most activations of a 3072-long batch) back to the system when freed, so each training step
-    faults its pages in and zeroes them again: measured here, a CIFAR training step (small,
-    batch 16, float32) went 2181 -> 1605 ms with this, for about 20% more peak memory. Set
-    IMAGEGEN_KEEP_FREED_MEMORY=0 to leave malloc as it is. True when the setting was made."""
-    if os.environ.get("IMAGEGEN_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
-        return False
     try:
-        mallopt = ctypes.CDLL(None).mallopt                    # glibc; absent under other C libraries
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                      # from glibc's malloc.h
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N.") from None

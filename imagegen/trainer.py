@@ -9,6 +9,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint
+from .allocator import keep_freed_memory
 from .data import dataset_info, load_from_config
 from .errors import UserError
 from .model import build_model
@@ -57,6 +58,8 @@ def train(cfg, device):
     run_dir = Path(cfg["run_dir"])
     info = dataset_info(d["name"])
     bf16 = use_bf16(t["bf16"], device)
+    if device.type == "cpu":
+        keep_freed_memory()
     x_train, x_val = load_from_config(d, ("train", "val"))
     x_val = x_val[: t["val_images"]]
     if len(x_train) < t["batch_size"]:

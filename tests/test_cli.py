@@ -122,13 +122,13 @@ def test_terminated_run_saves_and_resumes(mnist_root, tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the setting is glibc's")
 @pytest.mark.parametrize("setting", ["1", "0"])
-def test_cpu_entry_points_keep_freed_memory(setting):
-    """resolve_device (every entry point) makes malloc reuse large freed blocks: a 128 MB tensor
-    made after a 256 MB one was freed then faults in no new pages, where by default it faults in
-    all 32,768."""
+def test_keep_freed_memory(setting):
+    """keep_freed_memory (imagegen-train on the CPU) makes malloc reuse large freed blocks: a 128 MB
+    tensor made after a 256 MB one was freed then faults in no new pages, where by default it
+    faults in all 32,768."""
     code = ("import resource, torch\n"
-            "from imagegen.cli import resolve_device\n"
-            "resolve_device('cpu')\n"
+            "from imagegen.allocator import keep_freed_memory\n"
+            "keep_freed_memory()\n"
             "torch.ones(64 << 20)\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
             "torch.ones(32 << 20)\n"

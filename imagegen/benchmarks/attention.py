@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import dataset_info
+from ..allocator import keep_freed_memory
 from ..errors import UserError
 from ..model import build_model
 from ..ops import kernel_error, linear_attention
@@ -131,7 +132,10 @@ def run_attention(c, device):
 
 def run_train_step(c, device):
     """One optimizer step of the whole model (the configured architecture) per length,
-    precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention."""
+    precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention, with malloc set
+    up as imagegen-train sets it."""
+    if device.type == "cpu":
+        keep_freed_memory()
     rows = []
     for name, L in c["train_lengths"].items():
         info = dataset_info(name)

@@ -514,9 +514,8 @@ at::ScalarType compute_type(at::ScalarType dtype) { return dtype == at::kBFloat1
 // decoding one position at a time is this call with L = 1.
 std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps,
                                                          std::optional<at::Tensor> state) {
-  check_qkv_shapes(q, k, v);
+  check_inputs(q, k, v);
   check_unit_stride(q, "q"); check_unit_stride(k, "k"); check_unit_stride(v, "v");
-  TORCH_CHECK(q.device().is_cpu(), "linear attention (CPU kernel): q, k, v must be CPU tensors");
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
   auto out = empty_heads_last(v, M);
   auto inv = at::empty({q.size(0), q.size(1), L}, q.options().dtype(compute_type(q.scalar_type())));
@@ -552,7 +551,7 @@ at::Tensor attention_state(const at::Tensor& like, int64_t BH, int64_t E, int64_
 // dim: views of one buffer, say, so that their caller need not concatenate them).
 void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor inv,
                             at::Tensor grad_out, at::Tensor gq, at::Tensor gk, at::Tensor gv) {
-  check_qkv_shapes(q, k, v);
+  check_inputs(q, k, v);
   for (const auto& [x, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {grad_out, "grad_out"},
                                 {gq, "grad_q"}, {gk, "grad_k"}, {gv, "grad_v"}})
     check_unit_stride(x, name);

@@ -127,11 +127,16 @@ def test_causal_linear_attention_matches_direct_formula(impl, request):
     torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
 
 
-def test_auto_on_cpu_half_falls_back_to_chunked():
+@pytest.mark.parametrize("impl", ["kernel", "chunked"])
+def test_cpu_bfloat16_numerator_and_half_fallback(impl, request):
+    """bfloat16 runs on the CPU kernel (computed in float32) and the chunked form; float16 has
+    no CPU kernel, so auto falls back to chunked."""
+    if impl == "kernel":
+        request.getfixturevalue("cpu_kernel")
     q, k, v = make_qkv(1, 2, 20, 4, 4)
-    got = ops.causal_product(*(t.bfloat16() for t in (q, k, v)), impl="auto")
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.double(), causal_product_reference(q, k, v), rtol=0.05, atol=0.1)
+    got = out_and_grads(lambda *t: ops.causal_product(*t, impl=impl), *(t.bfloat16() for t in (q, k, v)))
+    assert all(t.dtype == torch.bfloat16 for t in got)
+    assert_close_all(got, out_and_grads(causal_product_reference, q, k, v), rtol=0.05, atol=0.1)
     assert ops.choose_impl(q.half(), v.half()) == "chunked"
 
 

@@ -1,6 +1,6 @@
 """Linear attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020).
 
-Causal forward through `imagegen.ops.linear_attention` (fused CPU kernel or chunked); as
+Causal forward through `imagegen.ops.linear_attention_qkv` (fused CPU kernel or chunked); as
 an RNN, each step updates S = sum phi(k) v^T (E x M) and Z = sum phi(k) (E) and reads them
 with phi(q).
 Where the fused CPU kernel serves the model, a decoding step is that kernel run for one

@@ -4,8 +4,9 @@
 V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M), with the
 recurrent forward and the constant-memory backward of Algorithm 1.
 
-The C++ source (CPU: float32, float64, and bfloat16 summed in float32) is built with torch.utils.cpp_extension.load the
-first time it is needed, into torch's default extension dir (reused across processes);
+The C++ source (CPU: float32, float64, and bfloat16 summed in float32) is built with
+torch.utils.cpp_extension.load the first time it is needed, into torch's default extension
+dir (reused across processes);
 the CUDA source (float32/float16/bfloat16) only when this torch has CUDA. A failed or
 impossible build is tried once per process: `load_kernel` then raises KernelUnavailable
 naming the cause, and `kernel_error` returns it, so callers can fall back loudly.

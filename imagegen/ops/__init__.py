@@ -117,7 +117,7 @@ def phi(x):
 
 
 def compute_dtype(x):
-    """The dtype the chunked form and the decoding state compute in for inputs like x: float32
+    """The dtype the PyTorch forms of `linear_attention` compute in for inputs like x: float32
     for float16 and bfloat16 on the CPU (running sums need float32), else x's."""
     return torch.float32 if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
@@ -148,11 +148,12 @@ def linear_attention_qkv(qkv, n_heads, impl="auto", eps=EPS):
     N, L, _ = qkv.shape
     heads = qkv.view(N, L, 3, n_heads, -1)
     q, k, v = heads.permute(2, 0, 3, 1, 4)                                  # (N, H, L, E) views
+    impl = resolve_impl(q, k, v, impl, None)
     with torch.autocast(qkv.device.type, enabled=False):
-        if qkv.device.type == "cpu" and resolve_impl(q, k, v, impl, None) == "kernel":
+        if qkv.device.type == "cpu" and impl == "kernel":
             out = linear_attention_kernel(heads, eps=eps)
         else:
-            out = linear_attention(q, k, v, impl, eps)
+            out = linear_attention(q, k, v, impl, eps)                  # impl resolved: not chosen again
     return out.transpose(1, 2).reshape(N, L, -1)
 
 

@@ -171,8 +171,8 @@ class FusedLinearAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, eps, *inputs):
-        q, k, v = unpack(inputs)
-        out, inv = load_kernel("cpu").attention_forward(q, k, v, eps)
+        inputs = tuple(unit_last_stride(x) for x in inputs)   # saved so: backward copies nothing again
+        out, inv = load_kernel("cpu").attention_forward(*unpack(inputs), eps)
         ctx.save_for_backward(*inputs, out, inv)
         return out  # (N, H, L, M), laid out (N, L, H, M)
 
@@ -190,10 +190,8 @@ class FusedLinearAttention(torch.autograd.Function):
 
 
 def unpack(inputs):
-    """(q, k, v) with unit last strides from [q, k, v] or [qkv (N, L, 3, H, E)]."""
-    if len(inputs) == 1:
-        return unit_last_stride(inputs[0]).permute(2, 0, 3, 1, 4).unbind(0)
-    return tuple(unit_last_stride(x) for x in inputs)
+    """(q, k, v) from [q, k, v] or [qkv (N, L, 3, H, E)], as (N, H, L, E) views."""
+    return inputs[0].permute(2, 0, 3, 1, 4).unbind(0) if len(inputs) == 1 else inputs
 
 
 def empty_heads_last(x):

@@ -127,7 +127,7 @@ def train(cfg, device):
     def interrupt(signum, frame):              # SIGTERM (e.g. a job scheduler) stops like Ctrl-C: save, then exit
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
     model.train()
     bar = tqdm(total=t["max_steps"], initial=state["step"], unit="step", dynamic_ncols=True,
                disable=not t["progress"])
@@ -172,6 +172,8 @@ def train(cfg, device):
         bar.close()
         print(f"interrupted: saved {last} at step {state['step']}; run the same command again to resume")
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
     bar.close()
     if state["step"] % t["val_every"]:
         print(f"step {state['step']}: val bits/dim {validate():.4f}")

@@ -1,9 +1,13 @@
-"""Checkpoints: atomic save, safe load (weights_only), config round-trip.
+"""Checkpoints: atomic save, safe load (weights_only), checked contents, config round-trip.
 
 A checkpoint is a plain dict: {"format", "config" (JSON-able), "model" (state_dict),
-plus training state when written by training: "optimizer", "step", "elapsed", ...}.
+plus training state when written by training: "optimizer", "state" (see runstate.RunState)}.
+Everything read from a file is checked before use: required keys and types, a model config
+that fits the schema, floating-point finite weights; each failure is one sentence.
 """
+import math
 import os
+import uuid
 from pathlib import Path
 
 import torch
@@ -16,18 +20,27 @@ FORMAT = "imagegen/1"
 
 
 def save(path, payload):
-    """Write to a temporary file in the same folder, fsync, then rename over `path`."""
+    """Write to a temporary file unique to this process in the same folder, fsync, then rename over
+    `path`. A failed write (disk full, read-only folder) removes the temporary file, leaves the
+    previous `path` intact and raises a UserError."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, **payload}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, **payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        kept = " (the previous one is intact)" if path.exists() else ""
+        raise UserError(f"could not write checkpoint {path}{kept}: {e.strerror or e}; free space or fix the "
+                        f"folder's permissions, then run the same command again to resume.") from None
 
 
 def load(path):
+    """The checked checkpoint dict at `path` (model and config; see `check_training` for resuming)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass checkpoint=PATH to a .pt file written by imagegen-train.")
@@ -40,7 +53,59 @@ def load(path):
     if not isinstance(ck, dict) or ck.get("format") != FORMAT or "model" not in ck or "config" not in ck:
         raise UserError(f"{path} is a PyTorch file but not an imagegen checkpoint (no '{FORMAT}' format tag); "
                         f"pass a checkpoint written by imagegen-train.")
+    check_config(ck, path)
+    check_weights(ck["model"], path)
     return ck
+
+
+def damaged(path, what):
+    return UserError(f"{path} is damaged or was edited: {what}; use another checkpoint, e.g. best.pt or last.pt "
+                     f"from the run folder.")
+
+
+def check_config(ck, path):
+    """The stored config has a model section that fits the schema and a known dataset."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .config import ModelConfig, check_model
+
+    cfg = ck["config"]
+    if not (isinstance(cfg, dict) and isinstance(cfg.get("model"), dict) and isinstance(cfg.get("data"), dict)
+            and isinstance(cfg["data"].get("name"), str)):
+        raise damaged(path, "its config lacks the model or data section")
+    try:
+        model = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg["model"]))
+    except OmegaConfBaseException as e:
+        raise damaged(path, f"its model config does not fit ({str(e).splitlines()[0]})") from None
+    try:
+        check_model(model)
+        dataset_info(cfg["data"]["name"])
+    except UserError as e:
+        raise damaged(path, str(e).rstrip(".")) from None
+    cfg["model"] = model
+
+
+def check_weights(state_dict, path):
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise damaged(path, "its weights are not a dict of tensors")
+    for name, t in state_dict.items():
+        if not t.is_floating_point():
+            raise damaged(path, f"weight {name} holds {str(t.dtype).replace('torch.', '')} values where floats belong")
+        if not torch.isfinite(t).all():
+            raise UserError(f"{path} holds non-finite weights (NaN or inf in {name}): the run diverged before this "
+                            f"save; use an earlier checkpoint (best.pt) or train again with a lower train.lr.")
+
+
+def check_training(ck, path):
+    """A checkpoint to resume from also holds the optimizer state and the run state."""
+    opt, state = ck.get("optimizer"), ck.get("state")
+    if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)):
+        raise damaged(path, "it holds no optimizer state to resume from")
+    numbers = ("step", "elapsed", "epoch", "best_val")
+    if not (isinstance(state, dict) and all(isinstance(state.get(k), (int, float)) for k in numbers)
+            and state["step"] >= 0 and not math.isnan(state["elapsed"])):
+        raise damaged(path, "its run state (step, elapsed, epoch) is missing or not numbers")
 
 
 def model_from_checkpoint(ck, path="checkpoint"):
@@ -51,13 +116,13 @@ def model_from_checkpoint(ck, path="checkpoint"):
         model.load_state_dict(ck["model"])
     except RuntimeError as e:
         first = str(e).splitlines()[0]
-        raise UserError(f"{path} holds weights that do not fit the architecture in its own config ({first}); "
-                        f"the file is damaged or was edited, use another checkpoint.") from None
+        raise damaged(path, f"its weights do not fit the architecture in its own config ({first})") from None
     return model
 
 
 def check_compatible(ck, cfg, path):
-    """Resuming: the checkpoint's model and data must match the current config."""
+    """Resuming: the checkpoint's model, data and optimizer must match the current config; other
+    training settings may change, and the returned notes say which did."""
     diffs = [f"model.{k}: {ck['config']['model'].get(k)!r} in checkpoint vs {v!r} now"
              for k, v in cfg["model"].items() if ck["config"]["model"].get(k) != v]
     if ck["config"]["data"]["name"] != cfg["data"]["name"]:
@@ -65,3 +130,10 @@ def check_compatible(ck, cfg, path):
     if diffs:
         raise UserError(f"{path} was trained with a different architecture ({'; '.join(diffs)}); "
                         f"use another run_dir=... or the checkpoint's settings, or train.resume=false to start over.")
+    old = ck["config"].get("train", {})
+    if old.get("optimizer", cfg["train"]["optimizer"]) != cfg["train"]["optimizer"]:
+        raise UserError(f"{path} holds {old['optimizer']} optimizer state but train.optimizer={cfg['train']['optimizer']} "
+                        f"now; resume with train.optimizer={old['optimizer']}, or start over with train.resume=false "
+                        f"or another run_dir.")
+    return [f"train.{k}: {old[k]!r} -> {v!r}" for k, v in cfg["train"].items()
+            if k in old and old[k] != v and k not in ("resume", "progress", "max_steps", "max_minutes")]

@@ -1,53 +1,126 @@
-"""What every entry point shares: Hydra wiring, config-name checks, devices, one-line errors."""
+"""What every entry point shares: Hydra wiring, typed-config checks, --help, devices, one-line errors."""
 import sys
 from pathlib import Path
 
 import torch
 
+from . import config
 from .errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("model", "data", "preset")      # config groups; a command takes those it names
 
 
-def check_choices(argv, groups):
-    """Reject unknown config-group choices (model=..., data=..., preset=...) before Hydra does."""
+def command_name(config_name):
+    return f"imagegen-{config_name}"
+
+
+def check_choices(argv, groups, config_name):
+    """Reject unknown config-group choices (model=..., data=..., preset=...), and groups this command
+    does not take, before Hydra does."""
     for arg in argv:
         key, _, value = arg.lstrip("+~").partition("=")
+        if key in GROUPS and key not in groups:
+            raise UserError(f"{command_name(config_name)} takes no {key}=... (the model and data come from the "
+                            f"checkpoint); see {command_name(config_name)} --help for its options.")
+        if key == "run_dir" and Path(value).expanduser().is_file():     # Hydra would fail making it its output folder
+            raise UserError(f"run_dir {value} is a file, not a folder; choose another run_dir=...")
         if key in groups and value:
             valid = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
             if value not in valid:
                 raise UserError(f"unknown {key} {value!r}; choose one of: {', '.join(valid)}.")
 
 
-def hydra_entry(config_name, task, groups=()):
+def compose(config_name, overrides):
+    """The config Hydra would build for these overrides, or a UserError saying which one is bad."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        where = str(e).strip().splitlines()[0]
+        key = getattr(cause, "full_key", None)
+        if "not in" in first and key:
+            raise UserError(f"unknown option {key!r}; {command_name(config_name)} --help lists the options.") from None
+        raise UserError(f"{where.rstrip('.')}: {first.rstrip('.')}; {command_name(config_name)} --help lists "
+                        f"every option and its type.") from None
+
+
+def help_text(config_name, description, groups, examples):
+    """--help: the command, its config groups and every option with its type, default and sentence."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(compose(config_name, []), resolve=False)
+    lines = [f"{command_name(config_name)}: {description}", "",
+             f"usage: {command_name(config_name)} [key=value ...]" + (" [group=choice ...]" if groups else ""), ""]
+    if groups:
+        lines.append("config groups:")
+        for group in groups:
+            choices = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+            lines.append(f"  {group}={'|'.join(choices)}")
+        lines.append("")
+    lines.append("options (key: type = default; meaning):")
+    for key, kind, text in config.describe(config.SCHEMAS[config_name]):
+        value = cfg
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        lines.append(f"  {key}: {kind} = {value}")
+        lines.append(f"      {text}")
+    if examples:
+        lines += ["", "examples:"] + [f"  {e}" for e in examples]
+    lines += ["", "Hydra's own flags (--cfg job, -m for sweeps, ...): --hydra-help."]
+    return "\n".join(lines)
+
+
+def hydra_entry(config_name, task, groups=(), description="", examples=()):
     """A console-script main() running `task(cfg, device)` under Hydra, cfg a plain dict with
-    `device` and `threads` keys, printing UserErrors as one line."""
+    `device` and `threads` keys; overrides are type-checked first and UserErrors print as one line."""
     import hydra
     from omegaconf import OmegaConf
 
+    config.register()
+
     def main():
+        argv = sys.argv[1:]
         try:
-            if not CONF_DIR.is_dir():
-                raise UserError(f"config folder {CONF_DIR} is missing; install imagegen from its source tree "
-                                f"with pip install -e .")
-            check_choices(sys.argv[1:], groups)
+            if "--help" in argv or "-h" in argv:
+                print(help_text(config_name, description, groups, examples))
+                return
+            check_choices(argv, groups, config_name)
+            if not any(a.startswith("-") for a in argv):      # sweeps and Hydra flags: Hydra checks them
+                compose(config_name, [a for a in argv if not a.startswith("hydra.")])
         except UserError as e:
             sys.exit(f"error: {e}")
 
         @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")
         def run(cfg):
             try:
+                missing = sorted(k for k in cfg if OmegaConf.is_missing(cfg, k))
+                if missing:
+                    raise UserError(f"{command_name(config_name)} needs {', '.join(f'{k}=...' for k in missing)}; "
+                                    f"see {command_name(config_name)} --help.")
                 plain = OmegaConf.to_container(cfg, resolve=True)
                 task(plain, resolve_device(plain["device"], plain["threads"]))
             except UserError as e:
                 sys.exit(f"error: {e}")
             except KeyboardInterrupt:
                 sys.exit("interrupted")
+            except OSError as e:             # disk full, read-only folder, ...: what failed, in one line
+                where = f" ({e.filename})" if e.filename else ""
+                sys.exit(f"error: {e.strerror or e}{where}; free space or fix the folder's permissions, "
+                         f"then run the same command again.")
         run()
     return main
 
 
 def resolve_device(name="auto", threads=0):
+    if threads < 0:
+        raise UserError(f"threads must be >= 0 (0: torch's default), got {threads}.")
     if threads:
         torch.set_num_threads(int(threads))
     if name == "auto":

@@ -3,15 +3,26 @@ import json
 import time
 from pathlib import Path
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .cli import hydra_entry
+from .config import check_eval
 from .data import load_from_config
 from .errors import UserError
-from .trainer import LN2, total_nll
+from .scoring import LN2, total_nll
 
 
 def evaluate(cfg, device):
-    """Returns the result dict; also writes it to <checkpoint stem>.<split>.json beside the checkpoint."""
+    """Returns the result dict; also writes it to <checkpoint stem>.<split>.json beside the checkpoint.
+    Under torchrun each rank scores its share of the images and rank 0 writes."""
+    world, device = distributed.setup(device)
+    try:
+        return evaluate_on(cfg, device, world)
+    finally:
+        distributed.teardown(world)
+
+
+def evaluate_on(cfg, device, world):
+    check_eval(cfg)
     path = Path(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device)
@@ -20,20 +31,20 @@ def evaluate(cfg, device):
         x = x[: cfg["max_images"]]
     lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]
     draws = cfg["lsh_draws"] if lsh else 1
-    if draws < 1:
-        raise UserError(f"lsh_draws must be >= 1 (got {draws}).")
     start = time.perf_counter()
     nats = []
     for draw in range(draws):   # LSH: average the NLL over seeded hash draws
         for attn in lsh:
             attn.eval_seed = cfg["lsh_seed"] + draw
-        nats.append(total_nll(model, x, cfg["batch_size"], device, progress=cfg["progress"],
-                              desc=f"{cfg['split']} draw {draw + 1}/{draws}" if lsh else cfg["split"]))
+        nats.append(total_nll(model, x, cfg["batch_size"], device, progress=cfg["progress"] and world.main,
+                              desc=f"{cfg['split']} draw {draw + 1}/{draws}" if lsh else cfg["split"], world=world))
     bpd = sum(nats) / len(nats) / (x.numel() * LN2)
     result = {"bits_per_dim": bpd, "split": cfg["split"], "images": len(x), "dims": x.shape[1],
               "attention": ck["config"]["model"]["attention"], "lsh_draws": draws,
               "checkpoint": str(path), "checkpoint_step": ck.get("state", {}).get("step"),
               "checkpoint_mtime": path.stat().st_mtime, "seconds": time.perf_counter() - start}
+    if not world.main:
+        return result
     out = path.with_name(f"{path.stem}.{cfg['split']}.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{len(x)} {cfg['split']} images, {draws} draw(s), {result['seconds']:.1f} s; wrote {out}")
@@ -41,7 +52,9 @@ def evaluate(cfg, device):
     return result
 
 
-main = hydra_entry("eval", evaluate)
+main = hydra_entry("eval", evaluate,
+                   description='exact bits/dim of a checkpoint on a data split; writes <checkpoint>.<split>.json beside it.',
+                   examples=['imagegen-eval checkpoint=checkpoints/mnist-linear-small/best.pt data.root=../shared/data/mnist', 'imagegen-eval checkpoint=run/last.pt split=val max_images=500'])
 
 if __name__ == "__main__":
     main()

@@ -4,12 +4,16 @@ from pathlib import Path
 
 from . import checkpoint
 from .cli import hydra_entry
+from .config import check_sample
 from .data import dataset_info, load_from_config
 from .errors import UserError
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
 
 
 def run_sample(cfg, device):
+    check_sample(cfg)
+    if cfg["mode"] not in ("grid", "complete"):
+        raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
     path = Path(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
@@ -49,7 +53,9 @@ def run_sample(cfg, device):
           f"{len(seqs) / seconds:.2f} images/sec")
 
 
-main = hydra_entry("sample", run_sample)
+main = hydra_entry("sample", run_sample,
+                   description='sample an image grid, or completions of test images, from a checkpoint.',
+                   examples=['imagegen-sample checkpoint=checkpoints/mnist-linear-small/best.pt num_images=64 out=grid.png', 'imagegen-sample checkpoint=run/best.pt mode=complete data.root=../shared/data/mnist'])
 
 if __name__ == "__main__":
     main()

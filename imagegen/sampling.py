@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from .errors import UserError
 from .likelihood import sample as draw
+from .memory import check_batch_fits
 from .model import START
 
 SAMPLERS = ("auto", "step", "recompute")
@@ -88,6 +89,7 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
     start = 0 if prefix is None else prefix.shape[1]
     if prefix is not None and (prefix.shape[0] != n or start > D):
         raise UserError(f"prefix of shape {tuple(prefix.shape)} does not fit {n} images of {D} sub-pixels.")
+    check_batch_fits(model, min(batch_size, n), sampler, device)
     generator = torch.Generator(device=device).manual_seed(seed)
     fill = fill_step if sampler == "step" else fill_recompute
     out = torch.zeros(n, D, dtype=torch.uint8, device=device)

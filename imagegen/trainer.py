@@ -1,36 +1,31 @@
-"""Training loop and bits/dim evaluation, driven by a plain config dict (see conf/train.yaml)."""
-import json
+"""The training loop: step, schedule, budget. The pieces it calls live in their own homes:
+runstate (data order, position, budget), checkpoint (save, checked load), distributed (ranks,
+reductions), logs (metrics.jsonl, TensorBoard), signals (stop requests), scoring (bits/dim),
+lock (the run dir). Under torchrun every rank runs this; rank 0 alone writes.
+"""
 import math
-import signal
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .allocator import keep_freed_memory
+from .config import check_train
 from .data import dataset_info, load_from_config
 from .errors import UserError
+from .lock import folder_lock
+from .logs import RunLog
+from .memory import available_bytes
 from .model import build_model
 from .precision import autocast, use_bf16
-
-LN2 = math.log(2)
-
-
-@torch.no_grad()
-def total_nll(model, x, batch_size, device, progress=False, desc="eval"):
-    """Sum of -log p in nats over all images and sub-pixels of x (B, D) uint8."""
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64)
-    for i in tqdm(range(0, len(x), batch_size), desc=desc, disable=not progress, leave=False):
-        total += model.nll(x[i:i + batch_size].to(device)).double().sum().cpu()
-    return total.item()
-
-
-def bits_per_dim(model, x, batch_size, device, progress=False):
-    """Exact bits/dim: total NLL in nats / (images x D x ln 2)."""
-    return total_nll(model, x, batch_size, device, progress) / (x.numel() * LN2)
+from .runstate import Budget, DataOrder, RunState, step_seed
+from .sampling import generate, grid, to_images
+from .scoring import LN2, bits_per_dim
+from .signals import StopRequest
 
 
 def make_optimizer(params, t):
@@ -52,133 +47,213 @@ def learning_rate(t, step, elapsed):
     return t["lr"] * (t["min_lr_ratio"] + (1 - t["min_lr_ratio"]) * cosine)
 
 
+def prepare_run_dir(cfg):
+    """Absolute run_dir and data.root (a checkpoint then works from any directory); run_dir a folder."""
+    run_dir = Path(cfg["run_dir"]).expanduser().resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run_dir {run_dir} is a file, not a folder; choose another run_dir=...")
+    cfg["run_dir"] = str(run_dir)
+    cfg["data"]["root"] = str(Path(cfg["data"]["root"]).expanduser().resolve())
+    return run_dir
+
+
 def train(cfg, device):
-    """Train per cfg (a plain dict), writing last.pt / best.pt / metrics.jsonl in cfg['run_dir']."""
-    t, d = cfg["train"], cfg["data"]
-    run_dir = Path(cfg["run_dir"])
-    info = dataset_info(d["name"])
-    bf16 = use_bf16(t["bf16"], device)
-    if device.type == "cpu":
-        keep_freed_memory()
-    x_train, x_val = load_from_config(d, ("train", "val"))
-    x_val = x_val[: t["val_images"]]
-    if len(x_train) < t["batch_size"]:
-        raise UserError(f"the training split holds {len(x_train)} images, fewer than train.batch_size="
-                        f"{t['batch_size']}; lower the batch size or add data.")
+    """Train per cfg (a plain dict), writing last.pt / best.pt / metrics.jsonl in cfg['run_dir'];
+    under torchrun, as one rank of the job. Returns the final RunState."""
+    world, device = distributed.setup(device)
+    try:
+        check_train(cfg, available_bytes(device))
+        if cfg["train"]["batch_size"] % world.size:
+            raise UserError(f"train.batch_size={cfg['train']['batch_size']} does not divide among {world.size} "
+                            f"processes; use a multiple of {world.size}.")
+        run_dir = prepare_run_dir(cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with folder_lock(run_dir) if world.main else nullcontext():
+            return Trainer(cfg, device, world, run_dir).run()
+    finally:
+        distributed.teardown(world)
 
-    torch.manual_seed(cfg["seed"])
-    model = build_model(cfg["model"], info).to(device)
-    opt = make_optimizer(model.parameters(), t)
-    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "batch": 0, "best_val": float("inf")}
-    last = run_dir / "last.pt"
-    if t["resume"] and last.exists():
-        ck = checkpoint.load(last)
-        checkpoint.check_compatible(ck, cfg, last)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        state.update(ck["state"])
-        torch.set_rng_state(ck["rng"])
-        print(f"resuming {last} at step {state['step']} ({state['elapsed'] / 60:.1f} min trained)")
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"{cfg['model']['attention']} model, {n_params / 1e6:.2f}M parameters, {len(x_train)} training images "
-          f"of {info.length} sub-pixels, device {device}"
-          f"{' (bfloat16 autocast)' if bf16 else ''}, run dir {run_dir}")
 
-    def save(name):
-        checkpoint.save(run_dir / name, {"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                         "state": dict(state), "rng": torch.get_rng_state()})
+class Trainer:
+    def __init__(self, cfg, device, world, run_dir):
+        self.cfg, self.t, self.device, self.world, self.run_dir = cfg, cfg["train"], device, world, run_dir
+        t = self.t
+        self.bf16 = use_bf16(t["bf16"], device)
+        if device.type == "cpu":
+            keep_freed_memory()
+        self.x_train, x_val = load_from_config(cfg["data"], ("train", "val"))
+        self.x_val = x_val[: t["val_images"]]
+        if len(self.x_train) < t["batch_size"]:
+            raise UserError(f"the training split holds {len(self.x_train)} images, fewer than train.batch_size="
+                            f"{t['batch_size']}; lower the batch size or add data.")
+        torch.manual_seed(cfg["seed"])
+        self.model = build_model(cfg["model"], dataset_info(cfg["data"]["name"])).to(device)
+        self.net = DistributedDataParallel(self.model) if world.distributed else self.model
+        self.opt = make_optimizer(self.model.parameters(), t)
+        self.state = RunState()
+        self.order = DataOrder(len(self.x_train), t["batch_size"], cfg["seed"], world)
+        self.budget = Budget(t["max_steps"], t["max_minutes"])
+        self.last = run_dir / "last.pt"
+        if world.main:                       # we hold the run_dir: temporary files there are a dead run's
+            for tmp in run_dir.glob(".*.tmp"):
+                tmp.unlink()
+        self.log = RunLog(run_dir, tensorboard=t["tensorboard"], enabled=world.main)
+        if t["resume"] and self.last.exists():
+            self.resume()
+        self.prebuild_kernels()
 
-    def validate():
-        bpd = bits_per_dim(model, x_val, t["batch_size"], device)
-        model.train()
-        log({"step": state["step"], "val_bpd": bpd})
-        if bpd < state["best_val"]:
-            state["best_val"] = bpd
-            save("best.pt")
-        return bpd
+    def say(self, text):
+        if self.world.main:
+            tqdm.write(text)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    metrics = open(run_dir / "metrics.jsonl", "a")
+    def resume(self):
+        ck = checkpoint.load(self.last)
+        checkpoint.check_training(ck, self.last)
+        changed = checkpoint.check_compatible(ck, self.cfg, self.last)
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optimizer"])
+        self.state = RunState.from_dict(ck["state"], ck["config"].get("train", self.t)["batch_size"])
+        self.log.truncate_after(self.state.step)
+        self.say(f"resuming {self.last} at step {self.state.step} ({self.state.elapsed / 60:.1f} min trained)"
+                 + (f"; changed since: {', '.join(changed)}" if changed else ""))
 
-    def log(row):
-        metrics.write(json.dumps(row) + "\n")
-        metrics.flush()
+    def prebuild_kernels(self):
+        """Build the C++ kernel (first use: a minute) now, so its time stays out of the budget and the rate."""
+        if self.cfg["model"]["attention"] == "linear":
+            from .ops import kernel_error
+            kernel_error(self.device.type)
 
-    def batches():
-        """Seeded shuffles per epoch; resumes at the saved epoch and batch."""
-        while True:
-            g = torch.Generator().manual_seed(cfg["seed"] * 100003 + state["epoch"])
-            perm = torch.randperm(len(x_train), generator=g)
-            n = len(x_train) // t["batch_size"]
-            while state["batch"] < n:
-                idx = perm[state["batch"] * t["batch_size"]:(state["batch"] + 1) * t["batch_size"]]
-                state["batch"] += 1
-                yield x_train[idx].to(device, non_blocking=True)
-            state["epoch"], state["batch"] = state["epoch"] + 1, 0
+    def save(self, name):
+        if self.world.main:
+            checkpoint.save(self.run_dir / name, {"config": self.cfg, "model": self.model.state_dict(),
+                                                  "optimizer": self.opt.state_dict(), "state": self.state.to_dict()})
 
-    def budget_left():
-        return state["step"] < t["max_steps"] and not (t["max_minutes"] and state["elapsed"] >= 60 * t["max_minutes"])
+    def validate(self):
+        bpd = bits_per_dim(self.model, self.x_val, self.t["batch_size"], self.device, world=self.world)
+        self.log.scalars(self.state.step, {"val_bpd": bpd})
+        if bpd < self.state.best_val:
+            self.state.best_val = bpd
+            self.save("best.pt")
+        self.say(f"step {self.state.step}: val bits/dim {bpd:.4f}" + (" (best.pt saved)" if
+                                                                         bpd == self.state.best_val else ""))
 
-    if not budget_left():
-        print(f"nothing to do: {last} already holds {state['step']} steps; raise train.max_steps or "
-              f"train.max_minutes to train on")
+    def sample(self):
+        """A small grid from the model as it stands (rank 0), seeded alike at every step for comparison."""
+        if not self.world.main:
+            return
+        info = dataset_info(self.cfg["data"]["name"])
+        n = self.t["sample_images"]
+        seqs = generate(self.model, n, seed=self.cfg["seed"], batch_size=n)
+        self.model.train()
+        image = grid(to_images(seqs, info), nrow=math.ceil(math.sqrt(n)), scale=2)
+        path = self.log.image(self.state.step, "samples", image)
+        self.say(f"step {self.state.step}: samples {path}")
+
+    def header(self):
+        n_params = sum(p.numel() for p in self.model.parameters())
+        world = f", {self.world.size} processes" if self.world.distributed else ""
+        self.say(f"{self.cfg['model']['attention']} model, {n_params / 1e6:.2f}M parameters, {len(self.x_train)} "
+                 f"training images of {self.model.length} sub-pixels, device {self.device}{world}, "
+                 f"{'bfloat16 autocast' if self.bf16 else 'float32'}, run dir {self.run_dir}")
+
+    def run(self):
+        state, t = self.state, self.t
+        self.header()
+        if self.budget.spent(state):
+            self.say(f"nothing to do: {self.last} already holds {state.step} steps; raise train.max_steps or "
+                     f"train.max_minutes to train on")
+            return state
+        self.model.train()
+        progress = Progress(self, enabled=self.world.main)
+        with StopRequest() as stop:
+            while True:
+                tick = time.perf_counter()
+                x = self.x_train[self.order.batch(state)].to(self.device, non_blocking=True)
+                torch.manual_seed(step_seed(self.cfg["seed"], state.step, self.world.rank))
+                with autocast(self.device, self.bf16):
+                    loss = -self.model.head.log_prob(self.net(x).float(), x).mean()   # nats per sub-pixel
+                # every rank agrees on stopping (a signal anywhere, rank 0's budget) and on rank 0's clock
+                signalled, spent, bad, elapsed = distributed.max_(self.world, [
+                    stop.signal is not None, self.world.main and self.budget.spent(state),
+                    not torch.isfinite(loss).item(), state.elapsed if self.world.main else 0.0])
+                state.elapsed = elapsed
+                if bad:
+                    raise UserError(f"the loss became non-finite at step {state.step}; lower train.lr or raise "
+                                    f"train.warmup_steps, then resume from {self.last} or start over.")
+                if signalled or spent:
+                    break
+                lr = learning_rate(t, state.step, state.elapsed)
+                for group in self.opt.param_groups:
+                    group["lr"] = lr
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if t["grad_clip"]:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), t["grad_clip"])
+                self.opt.step()
+                state.step += 1
+                self.order.advance(state)                     # the batch counts once it is trained on
+                state.elapsed += time.perf_counter() - tick
+                progress.step(loss, lr, x.numel() * self.world.size)
+                self.at_step_end()
+        progress.close()
+        if signalled:
+            self.save("last.pt")
+            self.say(f"stopped by {stop.signal or 'another process'} at step {state.step}: saved {self.last}; "
+                     f"run the same command again to resume")
+            self.log.close()
+            raise KeyboardInterrupt
+        if state.step % t["val_every"]:
+            self.validate()
+        self.save("last.pt")
+        self.log.close()
+        self.say(f"done: {state.step} steps in {state.elapsed / 60:.1f} min; best val bits/dim "
+                 f"{state.best_val:.4f}; checkpoints {self.run_dir}/last.pt and best.pt")
         return state
 
-    def interrupt(signum, frame):              # SIGTERM (e.g. a job scheduler) stops like Ctrl-C: save, then exit
-        raise KeyboardInterrupt
+    def at_step_end(self):
+        step, t = self.state.step, self.t
+        if step % t["val_every"] == 0:
+            self.validate()
+        if t["sample_every"] and step % t["sample_every"] == 0:
+            self.sample()
+        if step % t["save_every"] == 0:
+            self.save("last.pt")
 
-    previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
-    model.train()
-    bar = tqdm(total=t["max_steps"], initial=state["step"], unit="step", dynamic_ncols=True,
-               disable=not t["progress"])
-    data = batches()
-    window_tokens, window_start = 0, time.perf_counter()
-    try:
-        while budget_left():
-            tick = time.perf_counter()
-            x = next(data)
-            lr = learning_rate(t, state["step"], state["elapsed"])
-            for group in opt.param_groups:
-                group["lr"] = lr
-            with autocast(device, bf16):
-                loss = model.nll(x).mean()           # nats per sub-pixel
-            if not torch.isfinite(loss):
-                raise UserError(f"the loss became {loss.item()} at step {state['step']}; lower train.lr or "
-                                f"raise train.warmup_steps, then resume from {last} or start over.")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if t["grad_clip"]:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
-            opt.step()
-            state["step"] += 1
-            state["elapsed"] += time.perf_counter() - tick
-            window_tokens += x.numel()
-            bar.update(1)
-            if state["step"] % t["log_every"] == 0:
-                now = time.perf_counter()
-                bpd = loss.item() / LN2
-                tps = window_tokens / (now - window_start)
-                window_tokens, window_start = 0, now
-                bar.set_postfix(loss=f"{loss.item():.4f}", bpd=f"{bpd:.4f}", tok_s=f"{tps:.0f}",
-                                min=f"{state['elapsed'] / 60:.1f}")
-                log({"step": state["step"], "loss": loss.item(), "bpd": bpd, "lr": lr, "tokens_per_s": tps,
-                     "elapsed": state["elapsed"]})
-            if state["step"] % t["val_every"] == 0:
-                bar.write(f"step {state['step']}: val bits/dim {validate():.4f}")
-            if state["step"] % t["save_every"] == 0:
-                save("last.pt")
-    except KeyboardInterrupt:
-        save("last.pt")
-        bar.close()
-        print(f"interrupted: saved {last} at step {state['step']}; run the same command again to resume")
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous_sigterm)
-    bar.close()
-    if state["step"] % t["val_every"]:
-        print(f"step {state['step']}: val bits/dim {validate():.4f}")
-    save("last.pt")
-    metrics.close()
-    print(f"done: {state['step']} steps in {state['elapsed'] / 60:.1f} min; best val bits/dim "
-          f"{state['best_val']:.4f}; checkpoints {run_dir}/last.pt and best.pt")
-    return state
+
+class Progress:
+    """The progress bar (its total follows whichever budget binds), or a one-line log every 30 s
+    with train.progress=false; metrics rows every train.log_every steps. Rank 0 only."""
+
+    def __init__(self, trainer, enabled):
+        self.tr, self.enabled = trainer, enabled
+        state = trainer.state
+        self.bar = tqdm(total=trainer.budget.max_steps, initial=state.step, unit="step", dynamic_ncols=True,
+                        disable=not (enabled and trainer.t["progress"]))
+        self.start_step, self.start_elapsed = state.step, state.elapsed
+        self.window_tokens, self.window_start, self.last_print = 0, time.perf_counter(), 0.0
+
+    def step(self, loss, lr, tokens):
+        tr, state = self.tr, self.tr.state
+        self.window_tokens += tokens
+        self.bar.update(1)
+        if state.step % tr.t["log_every"]:
+            return
+        loss = distributed.sum_(tr.world, [loss.item()])[0] / tr.world.size      # the global batch's mean
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        tps = self.window_tokens / (now - self.window_start)
+        self.window_tokens, self.window_start = 0, now
+        rate = (state.elapsed - self.start_elapsed) / max(1, state.step - self.start_step)
+        self.bar.total = tr.budget.expected_total(state, rate)
+        bpd = loss / LN2
+        self.bar.set_postfix(loss=f"{loss:.4f}", bpd=f"{bpd:.4f}", tok_s=f"{tps:.0f}", min=f"{state.elapsed / 60:.1f}")
+        tr.log.scalars(state.step, {"loss": loss, "bpd": bpd, "lr": lr, "tokens_per_s": tps,
+                                    "elapsed": state.elapsed})
+        if not tr.t["progress"] and now - self.last_print >= 30:
+            self.last_print = now
+            print(f"step {state.step}/{self.bar.total}: loss {loss:.4f}, bits/dim {bpd:.4f}, {tps:.0f} tokens/s, "
+                  f"{state.elapsed / 60:.1f} min", flush=True)
+
+    def close(self):
+        self.bar.close()

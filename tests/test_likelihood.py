@@ -6,7 +6,7 @@ import torch
 from imagegen.errors import UserError
 from imagegen.likelihood import Categorical, LogisticMixture, sample
 from imagegen.model import PixelTransformer
-from imagegen.trainer import bits_per_dim
+from imagegen.scoring import bits_per_dim
 
 
 def mixture_params(logits, means, log_scales):

@@ -9,7 +9,8 @@ ones column), so one batched product serves both."""
 import torch
 import torch.nn.functional as F
 
-from ..ops import EPS, fused_state, fused_step, linear_attention_qkv, phi, uses_fused_kernel
+from ..errors import UserError
+from ..ops import EPS, IMPLS, fused_state, fused_step, linear_attention_qkv, phi, uses_fused_kernel
 from ..layers import Dense
 from . import Attention, register
 
@@ -20,6 +21,9 @@ class LinearAttention(Attention):
 
     def __init__(self, d_model, n_heads, impl="auto"):
         super().__init__(d_model, n_heads)
+        if impl not in IMPLS:
+            raise UserError(f"unknown linear attention impl {impl!r}; choose one of {', '.join(IMPLS)} "
+                            f"(model.attention_options.impl).")
         self.qkv = Dense(d_model, 3 * d_model)
         self.impl = impl
 

@@ -1,0 +1,238 @@
+"""Typed configuration: one place for the type, default meaning and help sentence of every option.
+
+The dataclasses below are registered in Hydra's ConfigStore as schemas (`<name>_schema`) that the
+YAML files in conf/ extend, so a value of the wrong type fails at the command line (`model.n_layers=four`)
+and `--help` prints every option with its sentence. Ranges (positive sizes, lr > 0, ...) are
+checked by `check_*` before anything heavy starts. The YAML files keep the defaults and presets.
+"""
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Optional
+
+from .errors import UserError
+
+
+def opt(default, help, **kw):
+    """A dataclass field with its one-sentence help."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    attention: str = opt("linear", "attention of every layer: linear (an RNN when sampling), softmax or lsh")
+    attention_options: Dict[str, Any] = opt({}, "options of the attention class, e.g. {impl: auto} for linear, "
+                                                "{n_hashes: 1, n_buckets: 64, chunk_size: 32} for lsh")
+    n_layers: int = opt(4, "number of transformer blocks")
+    d_model: int = opt(128, "width of the residual stream (a multiple of n_heads)")
+    n_heads: int = opt(4, "attention heads per layer")
+    d_ff: int = opt(512, "hidden width of each block's feed-forward layer")
+    head: str = opt("categorical", "output distribution: categorical (256-way) or mixture (discretized logistics)")
+    n_mixtures: int = opt(10, "logistic components of the mixture head")
+    dropout: float = opt(0.0, "dropout rate in the blocks (0 to 1)")
+
+
+@dataclass
+class DataConfig:
+    name: str = opt("mnist", "dataset: mnist or cifar10")
+    root: str = opt("data/mnist", "folder holding MNIST/raw or cifar-10-batches-py (made absolute when a run starts)")
+    download: bool = opt(False, "fetch the official files (checksummed) when they are missing")
+    val_fraction: float = opt(0.05, "seeded share of the training files held out for validation (0 to 1)")
+    split_seed: int = opt(0, "seed of the train/validation split")
+
+
+@dataclass
+class DataOverride:
+    root: Optional[str] = opt(None, "dataset folder; null keeps the one stored in the checkpoint")
+    download: Optional[bool] = opt(None, "fetch missing files; null keeps the checkpoint's setting")
+
+
+@dataclass
+class TrainOptions:
+    batch_size: int = opt(16, "images per optimizer step")
+    optimizer: str = opt("adamw", "adamw, adam or radam")
+    lr: float = opt(1e-3, "peak learning rate, reached after warmup_steps")
+    betas: List[float] = opt([0.9, 0.98], "Adam's two decay rates")
+    weight_decay: float = opt(0.0, "decoupled weight decay (adamw) or L2 penalty")
+    warmup_steps: int = opt(100, "steps of linear warmup before the cosine decay")
+    min_lr_ratio: float = opt(0.0, "the cosine decay ends at lr * min_lr_ratio")
+    grad_clip: float = opt(1.0, "clip the gradient norm to this (0: no clipping)")
+    max_steps: int = opt(100000, "stop after this many optimizer steps")
+    max_minutes: Optional[float] = opt(None, "stop after this many minutes of training (null: no time budget); "
+                                             "the cosine schedule follows whichever budget runs out first")
+    val_every: int = opt(500, "validate (bits/dim on val_images) every this many steps")
+    val_images: int = opt(500, "validation images per validation")
+    save_every: int = opt(100, "write last.pt every this many steps (and at the end, and on Ctrl-C/SIGTERM)")
+    log_every: int = opt(10, "write a metrics row (and TensorBoard scalars) every this many steps")
+    sample_every: int = opt(500, "save a grid of samples (PNG in run_dir/samples, TensorBoard) every this many "
+                                 "steps (0: never)")
+    sample_images: int = opt(16, "images in each grid of samples during training")
+    tensorboard: Any = opt("auto", "TensorBoard event files in run_dir: auto (when the tensorboard package is "
+                                   "installed), true or false")
+    resume: bool = opt(True, "continue from run_dir/last.pt when it exists")
+    bf16: Any = opt("auto", "bfloat16 autocast: auto (where the hardware multiplies bfloat16 fast), true or false")
+    progress: bool = opt(True, "show a progress bar (false: a one-line log every 30 s instead)")
+
+
+@dataclass
+class TrainConfig:
+    run_dir: str = opt("checkpoints/run", "folder for last.pt, best.pt and metrics.jsonl")
+    seed: int = opt(0, "seed of the initial weights, the data order and the RNG")
+    device: str = opt("auto", "auto (CUDA when available), cpu, cuda or cuda:N")
+    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    train: TrainOptions = field(default_factory=TrainOptions)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str = opt(MISSING, "path of a .pt checkpoint written by imagegen-train")
+    split: str = opt("test", "test, val or train")
+    batch_size: int = opt(32, "images per forward pass")
+    max_images: Optional[int] = opt(None, "evaluate only the first N images (null: all)")
+    lsh_draws: int = opt(1, "LSH: average the NLL over this many seeded hash draws")
+    lsh_seed: int = opt(0, "LSH: seed of the first hash draw")
+    device: str = opt("auto", "auto, cpu, cuda or cuda:N")
+    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    progress: bool = opt(True, "show a progress bar")
+    data: DataOverride = field(default_factory=DataOverride)
+
+
+@dataclass
+class SampleConfig:
+    checkpoint: str = opt(MISSING, "path of a .pt checkpoint written by imagegen-train")
+    mode: str = opt("grid", "grid: unconditional samples; complete: keep the top half of test images, sample the rest")
+    num_images: int = opt(64, "grid mode: images to sample")
+    num_originals: int = opt(8, "complete mode: test images, one row each")
+    completions: int = opt(5, "complete mode: samples per test image")
+    out: str = opt("samples.png", "PNG to write")
+    nrow: int = opt(8, "grid mode: images per row")
+    scale: int = opt(4, "nearest-neighbour upscaling of the PNG")
+    save_each: bool = opt(False, "also write one PNG per sampled image into <out without .png>/")
+    sampler: str = opt("auto", "auto (step when the attention can, else recompute), step or recompute")
+    batch_size: int = opt(64, "images sampled together")
+    temperature: float = opt(1.0, "sampling temperature (> 0; 1 samples the model's distribution)")
+    seed: int = opt(0, "seed of the draws")
+    device: str = opt("auto", "auto, cpu, cuda or cuda:N")
+    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    progress: bool = opt(True, "show a progress bar")
+    data: DataOverride = field(default_factory=DataOverride)
+
+
+@dataclass
+class BenchConfig:
+    mode: str = opt("sampling", "attention, train_step, sampling or compare")
+    out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
+    arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
+    device: str = opt("cpu", "cpu (or cuda where the mode supports it)")
+    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    seed: int = opt(0, "seed of the random weights and inputs")
+    methods: List[str] = opt(["linear-recurrent", "softmax-kv-cache", "softmax-recompute", "lsh-recompute"],
+                             "sampling: samplers to time")
+    step_batches: List[int] = opt([1, 16, 64, 256], "sampling: batch sizes of the step samplers")
+    recompute_batches: List[int] = opt([1, 4], "sampling: batch sizes of the recompute samplers")
+    max_cache_gb: float = opt(8.0, "sampling: skip KV-cache batch sizes whose cache would exceed this")
+    n_positions: int = opt(9, "sampling: positions timed, then integrated over all D")
+    probe_positions: List[int] = opt([100, 3000], "sampling: positions whose latency ratio is reported")
+    reps: int = opt(5, "sampling: timed steps per position")
+    plot_batch: int = opt(64, "sampling: batch size of the latency plot")
+    lsh_options: Dict[str, Any] = opt({"n_hashes": 1, "n_buckets": 64, "chunk_size": 32}, "sampling: LSH options")
+    checkpoints: List[str] = opt([], "compare: checkpoints to put in the table")
+    split: str = opt("test", "compare: split to evaluate")
+    eval_data: DataOverride = field(default_factory=DataOverride)
+    lengths: List[int] = opt([784, 3072, 8192, 16384], "attention: sequence lengths")
+    batch: int = opt(4, "attention: batch size")
+    heads: int = opt(8, "attention: heads")
+    head_dim: int = opt(32, "attention: head dim E = M")
+    impls: List[str] = opt(["softmax", "cumsum", "chunked", "kernel", "auto"], "attention: implementations")
+    attention_dtypes: List[str] = opt(["float32"], "attention: float32 and/or bfloat16")
+    repeat: int = opt(3, "attention and train_step: timed repetitions")
+    cumsum_max_gb: float = opt(12.0, "attention: skip cumsum where its states would exceed this")
+    train_batch: int = opt(16, "train_step: batch size")
+    train_lengths: Dict[str, int] = opt({"mnist": 784, "cifar10": 3072}, "train_step: length per dataset")
+    train_precisions: List[str] = opt(["float32", "bfloat16"], "train_step: float32 and/or bfloat16 (autocast)")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainOptions = field(default_factory=TrainOptions)     # set by the presets; unused by the benchmarks
+
+
+SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig}
+
+
+def register():
+    """Put every schema in Hydra's ConfigStore as `<name>_schema` (the YAML files' first default)."""
+    from hydra.core.config_store import ConfigStore
+    cs = ConfigStore.instance()
+    for name, schema in SCHEMAS.items():
+        cs.store(name=f"{name}_schema", node=schema)
+
+
+def describe(schema, prefix=""):
+    """[(key, type name, help)] of every option of a schema, nested sections flattened (train.lr)."""
+    rows = []
+    for f in fields(schema):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if is_dataclass(default):
+            rows += describe(type(default), f"{prefix}{f.name}.")
+        else:
+            kind = f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
+            rows.append((prefix + f.name, kind, f.metadata.get("help", "")))
+    return rows
+
+
+# ---------------------------------------------------------------- range checks
+def positive(cfg_section, keys, prefix):
+    for key in keys:
+        value = cfg_section[key]
+        if value is None or value <= 0:
+            raise UserError(f"{prefix}{key} must be a positive number, got {value}; pass {prefix}{key}=N with N > 0.")
+
+
+def fraction(value, key, low_open=False):
+    if not (0 <= value <= 1) or (low_open and value == 0):
+        raise UserError(f"{key} must lie in {'(0, 1]' if low_open else '[0, 1]'}, got {value}.")
+
+
+def check_model(m, memory_bytes=None, prefix="model."):
+    """Sizes positive, dropout a rate, and the parameters (with gradients and Adam's two moments)
+    within `memory_bytes` when given."""
+    positive(m, ("n_layers", "d_model", "n_heads", "d_ff", "n_mixtures"), prefix)
+    fraction(m["dropout"], prefix + "dropout")
+    if m["d_model"] % m["n_heads"]:
+        raise UserError(f"{prefix}d_model={m['d_model']} is not a multiple of {prefix}n_heads={m['n_heads']}; "
+                        f"pick values that divide.")
+    if memory_bytes:
+        d, ff = m["d_model"], m["d_ff"]
+        params = m["n_layers"] * (4 * d * d + 2 * d * ff) + 300 * d
+        need = 16 * params                   # float32 weights, gradients and two Adam moments
+        if need > memory_bytes:
+            raise UserError(f"the model has about {params / 1e9:.1f}G parameters, needing {need / 2**30:.0f} GiB "
+                            f"for weights, gradients and optimizer state, more than the {memory_bytes / 2**30:.0f} GiB "
+                            f"available; lower model.n_layers, model.d_model or model.d_ff.")
+
+
+def check_train(cfg, memory_bytes=None):
+    t = cfg["train"]
+    positive(t, ("batch_size", "lr", "max_steps", "val_every", "val_images", "save_every", "log_every",
+                 "sample_images"), "train.")
+    if t["max_minutes"] is not None:
+        positive(t, ("max_minutes",), "train.")
+    for key in ("warmup_steps", "weight_decay", "grad_clip", "sample_every"):
+        if t[key] < 0:
+            raise UserError(f"train.{key} must be >= 0, got {t[key]}.")
+    fraction(t["min_lr_ratio"], "train.min_lr_ratio")
+    if len(t["betas"]) != 2 or not all(0 <= b < 1 for b in t["betas"]):
+        raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
+    fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True)
+    check_model(cfg["model"], memory_bytes)
+
+
+def check_sample(cfg):
+    positive(cfg, ("num_images", "num_originals", "completions", "nrow", "scale", "batch_size", "temperature"), "")
+
+
+def check_eval(cfg):
+    positive(cfg, ("batch_size", "lsh_draws"), "")
+    if cfg["max_images"] is not None:
+        positive(cfg, ("max_images",), "")

@@ -1,0 +1,93 @@
+"""Process group, rank and device per rank, reductions: everything else asks this module
+"am I rank 0?" and "what is my slice?" instead of reading environment variables.
+
+Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) `setup` joins the process group (nccl on
+CUDA, gloo on the CPU) with a bounded collective timeout, so that when one rank dies the others
+stop with one sentence instead of waiting forever. Without torchrun it is a world of one and
+every call below is a no-op.
+"""
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .errors import UserError
+
+TIMEOUT_S = float(os.environ.get("IMAGEGEN_DIST_TIMEOUT", "300"))   # a collective waiting longer: a rank died
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    device: str = "cpu"          # where collectives' tensors live (nccl needs them on the GPU)
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    @property
+    def distributed(self):
+        return self.size > 1
+
+    def shard(self, n):
+        """The contiguous slice [start, stop) of n items that this rank owns (sizes differ by at most 1)."""
+        return self.rank * n // self.size, (self.rank + 1) * n // self.size
+
+
+def from_env():
+    """The World torchrun describes in the environment (a world of one without it)."""
+    try:
+        return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                     int(os.environ.get("LOCAL_RANK", 0)))
+    except ValueError:
+        raise UserError("RANK, WORLD_SIZE or LOCAL_RANK is not an integer; start imagegen with torchrun, "
+                        "which sets them, or unset them.") from None
+
+
+def setup(device):
+    """Join the process group when launched by torchrun; returns (World, the device of this rank)."""
+    world = from_env()
+    if not world.distributed:
+        return world, device
+    if device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
+    return World(world.rank, world.size, world.local_rank, str(device)), device
+
+
+def teardown(world):
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def collective(fn):
+    """Run a collective; a rank that died turns the timeout or broken connection into one sentence."""
+    try:
+        return fn()
+    except (RuntimeError, dist.DistBackendError) as e:
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise UserError(f"another training process stopped or stopped answering ({first}); run the same "
+                        f"command again to resume from the last checkpoint.") from None
+
+
+def reduce_(world, values, op):
+    t = torch.tensor(values, dtype=torch.float64, device=world.device)
+    if world.distributed:
+        collective(lambda: dist.all_reduce(t, op=op))
+    return t.tolist()
+
+
+def sum_(world, values):
+    """Sum float64 values over all ranks (exact sums of NLLs and counts); a list back."""
+    return reduce_(world, values, dist.ReduceOp.SUM)
+
+
+def max_(world, values):
+    """Element-wise max over all ranks; a list back (used to agree on stop flags and rank 0's clock)."""
+    return reduce_(world, values, dist.ReduceOp.MAX)

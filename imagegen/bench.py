@@ -26,16 +26,17 @@ def task(c, device):
         md = sampling.report(result, c, c["arch_name"], info, c["model"])
         name = f"sampling-{c['data']['name']}-{c['arch_name']}"
         report.write_outputs(out, name, {"config": c, "machine": report.machine(), **result}, md)
-        sampling.plot_latency(out / f"{name}-latency.png", result, c["plot_batch"])
+        sampling.plot_latency(out / f"{name}-latency.png", result, c["plot_batch"], log=c["plot_log"],
+                              title=f"Per-step latency, {c['arch_name']} architecture, {info.length} sub-pixels")
     elif c["mode"] == "compare":
         from .benchmarks import compare
         from .evaluate import evaluate
 
-        def bpd(path):
-            eval_cfg = {"checkpoint": str(path), "split": c["split"], "batch_size": 32, "max_images": None,
+        def evaluated(path):
+            eval_cfg = {"checkpoint": str(path), "split": c["split"], "batch_size": 32, "max_images": c["max_images"],
                         "lsh_draws": 1, "lsh_seed": 0, "progress": True, "data": c["eval_data"]}
-            return evaluate(eval_cfg, device)["bits_per_dim"]
-        result, md = compare.run(c, bpd)
+            return evaluate(eval_cfg, device)
+        result, md = compare.run(c, evaluated)
         report.write_outputs(out, "compare", {"machine": report.machine(), **result}, md)
     elif c["mode"] in ("attention", "train_step"):
         from .benchmarks import attention

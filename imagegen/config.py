@@ -136,10 +136,12 @@ class BenchConfig:
     n_positions: int = opt(9, "sampling: positions timed, then integrated over all D")
     probe_positions: List[int] = opt([100, 3000], "sampling: positions whose latency ratio is reported")
     reps: int = opt(5, "sampling: timed steps per position")
-    plot_batch: int = opt(64, "sampling: batch size of the latency plot")
+    plot_batch: int = opt(64, "sampling: batch size of the latency plot (or the nearest measured one)")
+    plot_log: bool = opt(False, "sampling: log-scale ms axis in the latency plot")
     lsh_options: Dict[str, Any] = opt({"n_hashes": 1, "n_buckets": 64, "chunk_size": 32}, "sampling: LSH options")
     checkpoints: List[str] = opt([], "compare: checkpoints to put in the table")
     split: str = opt("test", "compare: split to evaluate")
+    max_images: Optional[int] = opt(None, "compare: bits/dim over the first N images of the split (null: all)")
     eval_data: DataOverride = field(default_factory=DataOverride)
     lengths: List[int] = opt([784, 3072, 8192, 16384], "attention: sequence lengths")
     batch: int = opt(4, "attention: batch size")
@@ -157,7 +159,17 @@ class BenchConfig:
     train: TrainOptions = field(default_factory=TrainOptions)     # set by the presets; unused by the benchmarks
 
 
-SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig}
+@dataclass
+class PlotConfig:
+    runs: Any = opt([], "run folders of imagegen-train (each holds metrics.jsonl): runs=DIR or runs=[A,B]")
+    out: Optional[str] = opt(None, "PNG to write (null: curves.png in the runs' common folder)")
+    log: bool = opt(False, "log-scale bits/dim axes")
+    device: str = opt("cpu", "unused: plotting runs on the CPU")
+    threads: int = opt(1, "unused: plotting runs on the CPU")
+
+
+SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig,
+           "plot": PlotConfig}
 
 
 def register():

@@ -39,8 +39,8 @@ def evaluate_on(cfg, device, world):
         nats.append(total_nll(model, x, cfg["batch_size"], device, progress=cfg["progress"] and world.main,
                               desc=f"{cfg['split']} draw {draw + 1}/{draws}" if lsh else cfg["split"], world=world))
     bpd = sum(nats) / len(nats) / (x.numel() * LN2)
-    result = {"bits_per_dim": bpd, "split": cfg["split"], "images": len(x), "dims": x.shape[1],
-              "attention": ck["config"]["model"]["attention"], "lsh_draws": draws,
+    result = {"bits_per_dim": bpd, "split": cfg["split"], "images": len(x), "max_images": cfg["max_images"] or None,
+              "dims": x.shape[1], "attention": ck["config"]["model"]["attention"], "lsh_draws": draws,
               "checkpoint": str(path), "checkpoint_step": ck.get("state", {}).get("step"),
               "checkpoint_mtime": path.stat().st_mtime, "seconds": time.perf_counter() - start}
     if not world.main:

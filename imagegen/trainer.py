@@ -8,6 +8,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -130,7 +131,7 @@ class Trainer:
 
     def validate(self):
         bpd = bits_per_dim(self.model, self.x_val, self.t["batch_size"], self.device, world=self.world)
-        self.log.scalars(self.state.step, {"val_bpd": bpd})
+        self.log.scalars(self.state.step, {"val_bpd": bpd, "elapsed": self.state.elapsed})
         if bpd < self.state.best_val:
             self.state.best_val = bpd
             self.save("best.pt")
@@ -145,8 +146,8 @@ class Trainer:
         n = self.t["sample_images"]
         seqs = generate(self.model, n, seed=self.cfg["seed"], batch_size=n)
         self.model.train()
-        image = grid(to_images(seqs, info), nrow=math.ceil(math.sqrt(n)), scale=2)
-        path = self.log.image(self.state.step, "samples", image)
+        image = np.asarray(grid(to_images(seqs, info), nrow=math.ceil(math.sqrt(n)), scale=2))
+        path = self.log.image(self.state.step, "samples", image if image.ndim == 3 else image[..., None])
         self.say(f"step {self.state.step}: samples {path}")
 
     def header(self):

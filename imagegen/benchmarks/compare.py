@@ -1,4 +1,8 @@
-"""The paper's table for trained checkpoints: attention, parameters, test bits/dim, images/sec."""
+"""The paper's table for trained checkpoints: attention, parameters, test bits/dim, images/sec.
+
+Every row's bits/dim is over the same images: an evaluation JSON beside a checkpoint is reused
+only when it was written for that very checkpoint (modification time and step), on the same
+split and with the same max_images; rows over different image counts are refused."""
 import json
 from pathlib import Path
 
@@ -10,46 +14,62 @@ from .report import machine, markdown_table
 from .sampling import measure, timed_positions
 
 
-def current_eval(path, split):
-    """The bits/dim in <stem>.<split>.json when it was written for this very checkpoint file."""
+def current_eval(path, ck, split, max_images):
+    """The result in <stem>.<split>.json when imagegen-eval wrote it for this checkpoint file (same
+    mtime and step) on this split with this max_images (None: the whole split); else None."""
     js = path.with_name(f"{path.stem}.{split}.json")
     if not js.exists():
         return None
-    result = json.loads(js.read_text())
-    if result.get("checkpoint_mtime") != path.stat().st_mtime or result.get("split") != split:
+    try:
+        result = json.loads(js.read_text())
+    except json.JSONDecodeError:
         return None
-    return result["bits_per_dim"]
+    same = {"split": split, "max_images": max_images or None, "checkpoint_mtime": path.stat().st_mtime,
+            "checkpoint_step": ck.get("state", {}).get("step")}
+    # "max_images" is absent from JSONs written before it was recorded: those are not reused
+    if any(k not in result or result[k] != v for k, v in same.items()) or "images" not in result:
+        return None
+    return result
 
 
 def run(cfg, evaluate):
-    """evaluate(path) -> bits/dim, called when no current evaluation JSON exists."""
-    rows = []
-    for p in cfg["checkpoints"]:
+    """evaluate(path) -> the result dict of imagegen-eval (bits_per_dim, images), called when no
+    current evaluation JSON exists."""
+    if not cfg["checkpoints"]:
+        raise UserError("mode=compare needs checkpoints=[a.pt,b.pt,...].")
+    rows, models = [], []
+    for p in cfg["checkpoints"]:           # bits/dim first: a mismatch stops before the timing
         path = Path(p)
         ck = checkpoint.load(path)
+        result, source = current_eval(path, ck, cfg["split"], cfg["max_images"]), "json"
+        if result is None:
+            result, source = evaluate(path), "computed"
+        models.append((path, ck))
+        rows.append({"checkpoint": str(path), "attention": ck["config"]["model"]["attention"],
+                     "bits_per_dim": result["bits_per_dim"], "images": result["images"], "bpd_source": source})
+    counts = {r["images"] for r in rows}
+    if len(counts) > 1:
+        found = ", ".join(f"{r['checkpoint']}: {r['images']}" for r in rows)
+        raise UserError(f"the {cfg['split']} bits/dim would be over different image counts ({found}); pass "
+                        f"the same data to every checkpoint (eval_data.root) or bound them all with max_images=N.")
+    for row, (path, ck) in zip(rows, models):
         model = checkpoint.model_from_checkpoint(ck, path).eval()
         info = dataset_info(ck["config"]["data"]["name"])
-        bpd = current_eval(path, cfg["split"])
-        source = "json"
-        if bpd is None:
-            bpd, source = evaluate(path), "computed"
         sampler = resolve_sampler(model, "auto")
         positions = timed_positions(info.length, cfg["n_positions"])
         batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]
         speeds = {b: b / measure(model, sampler, b, positions, cfg["reps"])[0] for b in batches}
         batch = max(speeds, key=speeds.get)
-        rows.append({"checkpoint": str(path), "attention": ck["config"]["model"]["attention"],
-                     "parameters": sum(t.numel() for t in model.parameters()), "bits_per_dim": bpd,
-                     "bpd_source": source, "sampler": sampler_label(model, sampler), "batch": batch,
-                     "images_per_sec": speeds[batch]})
-        print(f"{path}: {bpd:.4f} bits/dim, {speeds[batch]:.4g} images/s", flush=True)
-    if not rows:
-        raise UserError("mode=compare needs checkpoints=[a.pt,b.pt,...].")
+        row.update({"parameters": sum(t.numel() for t in model.parameters()),
+                    "sampler": sampler_label(model, sampler), "batch": batch, "images_per_sec": speeds[batch]})
+        print(f"{path}: {row['bits_per_dim']:.4f} bits/dim over {row['images']} {cfg['split']} images "
+              f"({row['bpd_source']}), {speeds[batch]:.4g} images/s", flush=True)
     slowest = min(r["images_per_sec"] for r in rows)
     for r in rows:
         r["speedup"] = r["images_per_sec"] / slowest
     cols = [("checkpoint", "checkpoint", None), ("attention", "attention", None), ("parameters", "params", "{:,}"),
-            ("bits_per_dim", f"{cfg['split']} bits/dim", "{:.4f}"), ("sampler", "sampler", None),
-            ("batch", "batch", None), ("images_per_sec", "images/sec", "{:.4g}"), ("speedup", "speedup", "{:.1f}x")]
+            ("bits_per_dim", f"{cfg['split']} bits/dim", "{:.4f}"), ("images", f"{cfg['split']} images", "{:,}"),
+            ("sampler", "sampler", None), ("batch", "batch", None), ("images_per_sec", "images/sec", "{:.4g}"),
+            ("speedup", "speedup", "{:.1f}x")]
     md = f"Machine: {machine()}.\n\n" + markdown_table(rows, cols)
     return {"rows": rows}, md

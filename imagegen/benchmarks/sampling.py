@@ -18,7 +18,8 @@ import torch
 
 from ..model import build_model
 from ..sampling import decode_step, fill_step, recompute_step
-from .report import line_plot, machine, markdown_table, write_outputs
+from .. import plots
+from .report import machine, markdown_table, write_outputs
 
 METHODS = {  # name: (attention, sampler)
     "linear-recurrent": ("linear", "step"),
@@ -152,12 +153,26 @@ def report(result, cfg, arch_name, info, model_cfg):
     return md
 
 
-def plot_latency(path, result, batch):
-    series = {}
-    for key, lat in result["curves"].items():
+def plot_latency(path, result, batch, log=False, title="Per-step latency against position"):
+    """Per-step latency of the step samplers against position at `batch`, or at the measured batch
+    nearest to it for each method (named in the legend and printed); returns the path written, or
+    None after printing why no plot could be drawn."""
+    measured = {}
+    for key in result["curves"]:
         method, b = key.rsplit("@", 1)
-        if int(b) == batch and METHODS[method][1] == "step":
-            series[f"{method} (batch {batch})"] = (result["positions"], [x * 1e3 for x in lat])
-    if series:
-        line_plot(path, series, "Per-step latency against position", "position t", "ms per step")
-        print(f"wrote {path}")
+        if METHODS[method][1] == "step":
+            measured.setdefault(method, []).append(int(b))
+    if not measured:
+        print(f"no latency plot: no step sampler ({', '.join(m for m, (_, s) in METHODS.items() if s == 'step')}) "
+              f"was measured")
+        return None
+    nearest = {m: min(bs, key=lambda b: (abs(b - batch), b)) for m, bs in measured.items()}  # smaller on a tie
+    series = {f"{m}, batch {b}": (result["positions"], [x * 1e3 for x in result["curves"][f"{m}@{b}"]])
+              for m, b in nearest.items()}
+    moved = [f"{m} at batch {b}" for m, b in nearest.items() if b != batch]
+    if moved:
+        print(f"latency plot: plot_batch {batch} was not measured for every step sampler; drawing the nearest "
+              f"measured batch: {', '.join(moved)}")
+    used = set(nearest.values())
+    at = f"batch {used.pop()}" if len(used) == 1 else f"nearest measured batches to {batch}"
+    return plots.line_chart(path, series, f"{title} ({at})", "position t", "ms per step", log=log)

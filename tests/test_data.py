@@ -1,13 +1,19 @@
 import gzip
 import pickle
+import tracemalloc
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from fixtures import idx_bytes, write_cifar, write_mnist
+import imagegen.data as data_module
+from fixtures import hostile_cifar_pickle, idx_bytes, py2_cifar_pickle, write_cifar, write_mnist
 from imagegen.data import load_split, read_cifar_batch, read_idx
 from imagegen.errors import UserError
+
+REAL_CIFAR = "/work/shared/data/cifar10/cifar-10-batches-py"
 
 
 @pytest.mark.parametrize("gz", [True, False])
@@ -60,7 +66,7 @@ def test_mislabelled_mnist_is_rejected(tmp_path):
 
 
 def test_missing_mnist_names_files_and_fixes(tmp_path):
-    with pytest.raises(UserError, match="t10k-images-idx3-ubyte.*data.root.*data.download=true"):
+    with pytest.raises(UserError, match="t10k-images-idx3-ubyte.*data.download=true.*https://.*data.root"):
         load_split("mnist", tmp_path, "test")
 
 
@@ -99,3 +105,144 @@ def test_bad_cifar_batches_are_rejected(tmp_path):
 def test_unknown_dataset_lists_choices():
     with pytest.raises(UserError, match="cifar10"):
         load_split("svhn", ".", "test")
+
+
+# ---------------------------------------------------------------- hostile and bad files (issue 10)
+def one_sentence(excinfo):
+    msg = str(excinfo.value)
+    assert "\n" not in msg and msg.endswith(".") and "Traceback" not in msg, msg
+    return msg
+
+
+def test_official_python2_layout_is_read(tmp_path):
+    """The official batches are Python 2 pickles naming numpy.core.multiarray, pixels as a py2 str."""
+    data = np.random.default_rng(0).integers(0, 256, size=(3, 3072), dtype=np.uint8)
+    path = tmp_path / "test_batch"
+    path.write_bytes(py2_cifar_pickle(data, [7, 0, 9]))
+    x, y = read_cifar_batch(path)
+    assert y.tolist() == [7, 0, 9]
+    assert np.array_equal(x.numpy() if hasattr(x, "numpy") else x, data.reshape(3, 3, 1024).transpose(0, 2, 1).reshape(3, 3072))
+
+
+@pytest.mark.skipif(not Path(REAL_CIFAR).exists(), reason="the shared real CIFAR-10 files are not on this machine")
+def test_real_cifar_files_pass_the_restricted_unpickler():
+    x, y = read_cifar_batch(Path(REAL_CIFAR) / "test_batch")
+    assert x.shape == (10000, 3072) and sorted(set(y.tolist())) == list(range(10))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_hostile_cifar_batch_is_refused_and_runs_nothing(tmp_path, protocol):
+    marker = tmp_path / "marker"
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    (folder / "test_batch").write_bytes(hostile_cifar_pickle(marker, protocol))
+    with pytest.raises(UserError, match="posix.system.*refused") as e:
+        load_split("cifar10", tmp_path, "test")
+    assert "test_batch" in one_sentence(e)
+    assert not marker.exists()
+
+
+def test_exec_and_eval_globals_are_refused(tmp_path):
+    marker = tmp_path / "marker"
+    path = tmp_path / "data_batch_1"
+    for module, name in (("builtins", "exec"), ("__builtin__", "eval"), ("numpy", "load"), ("os", "system")):
+        payload = (b"\x80\x02}(U\x04data" + f"c{module}\n{name}\n".encode()
+                   + b"U\x24__import__('pathlib').Path(%r).touch()" % str(marker).encode()
+                   + b"\x85Ru.")
+        payload = payload.replace(b"U\x24", b"U" + bytes([len(payload.split(b"U\x24")[1].split(b"\x85R")[0])]))
+        path.write_bytes(payload)
+        with pytest.raises(UserError, match=f"{module}.{name}"):
+            read_cifar_batch(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("labels", [["cat", "dog"], [0.5, 1.0], [0, 10], [True, False], "01", None])
+def test_cifar_labels_that_are_not_integers_are_one_sentence(tmp_path, labels):
+    path = tmp_path / "data_batch_1"
+    with open(path, "wb") as f:
+        pickle.dump({"data": np.zeros((2, 3072), np.uint8), "labels": labels}, f)
+    with pytest.raises(UserError, match="labels") as e:
+        read_cifar_batch(path)
+    one_sentence(e)
+
+
+def test_cifar_data_of_another_type_is_one_sentence(tmp_path):
+    path = tmp_path / "data_batch_1"
+    for data in ([[1, 2], [3]], b"\x00" * 3072, np.zeros((2, 3072), np.int64), np.zeros((2, 3072), object)):
+        with open(path, "wb") as f:
+            pickle.dump({"data": data, "labels": [0, 1]}, f)
+        with pytest.raises(UserError, match="not N x 3072 uint8") as e:
+            read_cifar_batch(path)
+        one_sentence(e)
+
+
+def test_gzip_bomb_stops_at_the_promised_size(tmp_path):
+    """A .gz whose header promises one image but which inflates to 1 GiB: refused, never inflated."""
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    comp, zeros = zlib.compressobj(1, zlib.DEFLATED, 31), bytes(1 << 20)
+    with open(path, "wb") as f:
+        f.write(comp.compress(idx_bytes(np.zeros((1, 28, 28), np.uint8))))
+        for _ in range(1024):
+            f.write(comp.compress(zeros))
+        f.write(comp.flush())
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match="padded") as e:
+            read_idx(path, 3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    one_sentence(e)
+    assert peak < 32 << 20, f"{peak} bytes held to read a 785-byte image"
+
+
+def test_header_promising_more_than_memory_is_refused(tmp_path):
+    path = tmp_path / "x.gz"
+    path.write_bytes(gzip.compress(bytes([0, 0, 8, 3]) + (1 << 31).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2))
+    with pytest.raises(UserError, match="more than the memory") as e:
+        read_idx(path, 3)
+    one_sentence(e)
+
+
+def test_corrupt_deflate_stream_is_one_sentence(tmp_path):
+    path = tmp_path / "x.gz"
+    good = gzip.compress(idx_bytes(np.arange(4 * 784).reshape(4, 28, 28).astype(np.uint8)))
+    path.write_bytes(good[:10] + bytes([0xFF]) * 40 + good[50:])      # header intact, deflate data garbage
+    with pytest.raises(UserError, match="corrupt gzip") as e:
+        read_idx(path, 3)
+    one_sentence(e)
+
+
+def test_empty_splits_are_one_sentence(tmp_path):
+    write_mnist(tmp_path, n_train=1, n_test=0)
+    with pytest.raises(UserError, match="test files of mnist .* hold no images") as e:
+        load_split("mnist", tmp_path, "test")
+    one_sentence(e)
+    with pytest.raises(UserError, match="train split of mnist .* is empty.*val_fraction") as e:
+        load_split("mnist", tmp_path, "train")
+    one_sentence(e)
+    with pytest.raises(UserError, match="val_fraction must be") as e:
+        load_split("mnist", tmp_path, "val", val_fraction=1.0)
+    one_sentence(e)
+
+
+def test_root_that_is_a_file_is_one_sentence(tmp_path):
+    root = tmp_path / "data"
+    root.write_text("not a folder")
+    for name in ("mnist", "cifar10"):
+        with pytest.raises(UserError, match="is a file, not a folder") as e:
+            load_split(name, root, "test")
+        one_sentence(e)
+
+
+def test_unreadable_files_are_one_sentence(tmp_path, monkeypatch):
+    write_mnist(tmp_path)
+    write_cifar(tmp_path)
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(data_module, "open", denied, raising=False)     # also when the tests run as root
+    for name in ("mnist", "cifar10"):
+        with pytest.raises(UserError, match="cannot read .*Permission denied.*permissions") as e:
+            load_split(name, tmp_path, "test")
+        one_sentence(e)

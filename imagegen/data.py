@@ -301,12 +301,14 @@ def _base_url(official, mirror):
     return base if base.endswith("/") else base + "/"
 
 
-def _fetch(url, dest, md5, what, root, urls):
+def _fetch(url, dest, md5, what, root, urls, unpack=False):
     """Download url to dest through a unique temporary file in dest's folder, renamed only once its
     md5 matches; on any failure the temporary file is removed and nothing is left at dest.
-    what, root, urls: the dataset, data.root and every URL still missing, for the error sentences."""
+    what, root, urls, unpack: the dataset, data.root, every URL still missing and whether it is an
+    archive, for the error sentences."""
     from tqdm import tqdm
-    by_hand = f"download {' '.join(urls)} by hand into {dest.parent}, or point data.root at a folder holding them"
+    by_hand = (f"download {' '.join(urls)} by hand into {dest.parent}{' and unpack it there' if unpack else ''}, "
+               f"or point data.root at a folder holding {'its contents' if unpack else 'them'}")
     try:
         response = urllib.request.urlopen(url, timeout=60)
     except (OSError, ValueError) as e:  # URLError/HTTPError (offline, refused, 404), timeouts, a malformed URL
@@ -385,7 +387,7 @@ def download(name, root, mirror=None, splits=("train", "test")):
         archive = root / CIFAR_ARCHIVE
         if not (os.path.exists(archive) and _md5(archive) == CIFAR_MD5):
             url = _base_url(CIFAR_URL, mirror) + CIFAR_ARCHIVE
-            _fetch(url, archive, CIFAR_MD5, "CIFAR-10", root, [url])
+            _fetch(url, archive, CIFAR_MD5, "CIFAR-10", root, [url], unpack=True)
         _extract_cifar(archive, root)
         os.unlink(archive)
 

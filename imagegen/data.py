@@ -184,20 +184,39 @@ _SCALAR = np.uint8(0).__reduce__()[0]
 _FROMBUFFER = np.empty(0).__reduce_ex__(5)[0]  # protocol 5 re-pickles: an array over an in-band buffer
 
 
+def _fresh(dtype):
+    """A new numeric dtype equal to a pickled one: a pickle sets a dtype's flags (BUILD), and flags
+    claiming 'no objects' on an object dtype would let numpy read pointers from the file's bytes."""
+    if not isinstance(dtype, np.dtype) or dtype.kind not in "biufc" or dtype.fields is not None \
+            or dtype.subdtype is not None:
+        raise pickle.UnpicklingError(f"an array of dtype {dtype!r}, not numbers")
+    return np.dtype(dtype.str)
+
+
+class _Array(np.ndarray):
+    """What the pickle's array becomes: its state is checked (numbers only) before numpy takes it."""
+
+    def __setstate__(self, state):
+        if not isinstance(state, tuple) or len(state) not in (4, 5):
+            raise pickle.UnpicklingError("an array state numpy never writes")
+        state = state[:-3] + (_fresh(state[-3]),) + state[-2:]
+        super().__setstate__(state)
+
+
 def _reconstruct(subtype, shape, dtype):
-    """numpy's _reconstruct as numpy itself pickles it: an empty ndarray that BUILD then fills."""
+    """numpy's _reconstruct as numpy itself pickles it: an empty array that BUILD then fills."""
     if subtype is not _NDARRAY or shape != (0,):
-        raise pickle.UnpicklingError("an array reconstruction other than numpy's own")
-    return _RECONSTRUCT(np.ndarray, (0,), dtype)
+        raise pickle.UnpicklingError("an array reconstruction numpy never writes")
+    return _RECONSTRUCT(_Array, (0,), dtype)
 
 
 _ALLOWED = {  # every global the official CIFAR-10 python batches (and numpy 1 or 2 re-pickles) name
     ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-    ("numpy.core.multiarray", "scalar"): _SCALAR,
-    ("numpy._core.multiarray", "scalar"): _SCALAR,
-    ("numpy.core.numeric", "_frombuffer"): _FROMBUFFER,
-    ("numpy._core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy.core.multiarray", "scalar"): lambda dtype, *args: _SCALAR(_fresh(dtype), *args),
+    ("numpy._core.multiarray", "scalar"): lambda dtype, *args: _SCALAR(_fresh(dtype), *args),
+    ("numpy.core.numeric", "_frombuffer"): lambda buf, dtype, *args: _FROMBUFFER(buf, _fresh(dtype), *args),
+    ("numpy._core.numeric", "_frombuffer"): lambda buf, dtype, *args: _FROMBUFFER(buf, _fresh(dtype), *args),
     ("numpy", "ndarray"): _NDARRAY,
     ("numpy", "dtype"): np.dtype,
 }
@@ -237,7 +256,8 @@ def _unpickle(path):
     except UserError:
         raise
     except Exception as e:  # pickle raises many types on bad input
-        raise UserError(f"{path} is not a readable CIFAR-10 python batch ({type(e).__name__}); "
+        why = f"{type(e).__name__}: {e}" if isinstance(e, pickle.UnpicklingError) else type(e).__name__
+        raise UserError(f"{path} is not a readable CIFAR-10 python batch ({' '.join(why.split())[:160]}); "
                         f"download it again.") from None
 
 
@@ -251,6 +271,7 @@ def read_cifar_batch(path):
     if not isinstance(batch, dict) or "data" not in batch or "labels" not in batch:
         raise UserError(f"{path} is not a CIFAR-10 batch (no 'data'/'labels' keys); download it again.")
     data, labels = batch["data"], batch["labels"]
+    data = data.view(np.ndarray) if isinstance(data, np.ndarray) else data
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         desc = f"data of shape {data.shape} and dtype {data.dtype}" if isinstance(data, np.ndarray) else \
             f"data of type {type(data).__name__}"

@@ -171,9 +171,37 @@ def test_cifar_data_of_another_type_is_one_sentence(tmp_path):
     for data in ([[1, 2], [3]], b"\x00" * 3072, np.zeros((2, 3072), np.int64), np.zeros((2, 3072), object)):
         with open(path, "wb") as f:
             pickle.dump({"data": data, "labels": [0, 1]}, f)
-        with pytest.raises(UserError, match="not N x 3072 uint8") as e:
+        with pytest.raises(UserError, match="not N x 3072 uint8|not numbers") as e:
             read_cifar_batch(path)
         one_sentence(e)
+
+
+class ForgedDtype:
+    """An object dtype whose pickled flags claim it holds no objects."""
+
+    def __reduce__(self):
+        return np.dtype, ("O8", False, True), (3, "|", None, None, None, -1, -1, 0)
+
+
+class ForgedArray:
+    """An array of that dtype over bytes of the file: numpy would read those bytes as pointers."""
+
+    def __init__(self, via):
+        self.via = via
+
+    def __reduce__(self):
+        if self.via == "frombuffer":
+            return np.empty(0).__reduce_ex__(5)[0], (bytearray(b"\x41" * 16), ForgedDtype(), (2,), "C")
+        return np.empty(0).__reduce__()[0], (np.ndarray, (0,), b"b"), (1, (2,), ForgedDtype(), False, b"\x41" * 16)
+
+
+@pytest.mark.parametrize("via", ["frombuffer", "reconstruct"])
+def test_forged_dtype_flags_cannot_make_numpy_read_pointers(tmp_path, via):
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({"labels": [0, 1], "data": ForgedArray(via)}, protocol=5))
+    with pytest.raises(UserError, match="not numbers") as e:
+        read_cifar_batch(path)
+    one_sentence(e)
 
 
 def test_gzip_bomb_stops_at_the_promised_size(tmp_path):

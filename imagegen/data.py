@@ -343,9 +343,8 @@ def _fetch(url, dest, md5, what, root, urls, unpack=False):
             fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
             total = int(response.headers.get("Content-Length") or 0) or None
             got = 0
-            with os.fdopen(fd, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=dest.name,
-                                                   leave=False) as bar:
-                while block := response.read(_CHUNK):
+            with os.fdopen(fd, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=dest.name) as bar:
+                while block := response.read(1 << 16):
                     got += len(block)
                     if got > MAX_DOWNLOAD:
                         raise UserError(f"{url} sends more than {MAX_DOWNLOAD} bytes, more than the official "

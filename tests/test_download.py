@@ -198,3 +198,18 @@ def test_interrupted_download_removes_its_temporary_file(server, tmp_path, monke
         load_split("mnist", tmp_path, "test", download_missing=True, mirror=server.url)
     assert leftovers(tmp_path) == []
     assert not any(name.endswith(".part") for _, _, names in os.walk(tmp_path) for name in names)
+
+
+REAL_MNIST = Path("/work/shared/data/mnist/MNIST/raw")
+
+
+@pytest.mark.skipif(not (REAL_MNIST / "t10k-images-idx3-ubyte.gz").exists(), reason="no copy of the official files here")
+def test_official_test_files_pass_the_official_checksums(tmp_path):
+    """The official MNIST test files (byte-identical copies) served locally, checked by the real md5s."""
+    s = Server({name: (REAL_MNIST / name).read_bytes() for name in ("t10k-images-idx3-ubyte.gz",
+                                                                     "t10k-labels-idx1-ubyte.gz")})
+    try:
+        x, y = load_split("mnist", tmp_path, "test", download_missing=True, mirror=s.url)
+    finally:
+        s.close()
+    assert x.shape == (10000, 784) and sorted(set(y.tolist())) == list(range(10))

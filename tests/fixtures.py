@@ -86,3 +86,10 @@ def hostile_cifar_pickle(marker, protocol=4):
     data = np.zeros((2, 3072), np.uint8)
     return pickle.dumps({"filenames": Payload(f"touch {marker}"), "data": data, "labels": [0, 1]},
                         protocol=protocol)
+
+
+def one_sentence(excinfo):
+    """The message of a raised UserError, checked to be one line ending in a full stop."""
+    msg = str(excinfo.value)
+    assert "\n" not in msg and msg.endswith(".") and "Traceback" not in msg, msg
+    return msg

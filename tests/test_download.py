@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import imagegen.data as data
-from fixtures import write_cifar, write_mnist
+from fixtures import one_sentence, write_cifar, write_mnist
 from imagegen.data import load_from_config, load_split
 from imagegen.errors import UserError
 
@@ -88,11 +88,6 @@ def server(official, monkeypatch):
 def leftovers(root):
     return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())
 
-
-def one_sentence(excinfo):
-    msg = str(excinfo.value)
-    assert "\n" not in msg and msg.endswith("."), msg
-    return msg
 
 
 def test_good_download_fetches_only_what_the_split_needs(server, official, tmp_path):

@@ -184,13 +184,25 @@ _SCALAR = np.uint8(0).__reduce__()[0]
 _FROMBUFFER = np.empty(0).__reduce_ex__(5)[0]  # protocol 5 re-pickles: an array over an in-band buffer
 
 
-def _fresh(dtype):
-    """A new numeric dtype equal to a pickled one: a pickle sets a dtype's flags (BUILD), and flags
-    claiming 'no objects' on an object dtype would let numpy read pointers from the file's bytes."""
-    if not isinstance(dtype, np.dtype) or dtype.kind not in "biufc" or dtype.fields is not None \
-            or dtype.subdtype is not None:
-        raise pickle.UnpicklingError(f"an array of dtype {dtype!r}, not numbers")
-    return np.dtype(dtype.str)
+class _Dtype:
+    """What numpy.dtype(...) in a pickle becomes: its type string and byte order, kept as plain data
+    (numpy's own dtype.__setstate__ would take the file's flags on trust, and flags saying 'no
+    objects' on an object dtype would let numpy read pointers from the file's bytes)."""
+
+    def __init__(self, name, *args):
+        self.name, self.order = name, "="
+
+    def __setstate__(self, state):
+        self.order = state[1] if isinstance(state, tuple) and len(state) > 1 else None
+
+
+def _fresh(spec):
+    """The numeric numpy dtype a pickled _Dtype names; anything else is refused."""
+    dtype = np.dtype(spec.name) if isinstance(spec, _Dtype) and isinstance(spec.name, str) else None
+    if dtype is None or dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None \
+            or spec.order not in ("<", ">", "=", "|"):
+        raise pickle.UnpicklingError(f"an array of dtype {getattr(spec, 'name', spec)!r}, not numbers")
+    return dtype.newbyteorder(spec.order) if spec.order in "<>" else dtype
 
 
 class _Array(np.ndarray):
@@ -207,7 +219,7 @@ def _reconstruct(subtype, shape, dtype):
     """numpy's _reconstruct as numpy itself pickles it: an empty array that BUILD then fills."""
     if subtype is not _NDARRAY or shape != (0,):
         raise pickle.UnpicklingError("an array reconstruction numpy never writes")
-    return _RECONSTRUCT(_Array, (0,), dtype)
+    return _RECONSTRUCT(_Array, (0,), "b")
 
 
 _ALLOWED = {  # every global the official CIFAR-10 python batches (and numpy 1 or 2 re-pickles) name
@@ -218,7 +230,7 @@ _ALLOWED = {  # every global the official CIFAR-10 python batches (and numpy 1 o
     ("numpy.core.numeric", "_frombuffer"): lambda buf, dtype, *args: _FROMBUFFER(buf, _fresh(dtype), *args),
     ("numpy._core.numeric", "_frombuffer"): lambda buf, dtype, *args: _FROMBUFFER(buf, _fresh(dtype), *args),
     ("numpy", "ndarray"): _NDARRAY,
-    ("numpy", "dtype"): np.dtype,
+    ("numpy", "dtype"): _Dtype,
 }
 
 

@@ -118,6 +118,20 @@ def test_official_python2_layout_is_read(tmp_path):
     assert np.array_equal(x, data.reshape(3, 3, 1024).transpose(0, 2, 1).reshape(3, 3072))
 
 
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_numpy_re_pickles_read_as_pickle_reads_them(tmp_path, protocol):
+    """Batches re-pickled by numpy 1 or 2 (arrays of any byte order, numpy scalar labels) still load."""
+    data = np.random.default_rng(0).integers(0, 256, size=(2, 3072), dtype=np.uint8)
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({"data": data, "labels": [np.int64(3), 4]}, protocol=protocol))
+    x, y = read_cifar_batch(path)
+    assert np.array_equal(x, data.reshape(2, 3, 1024).transpose(0, 2, 1).reshape(2, 3072)) and y.tolist() == [3, 4]
+    for a in (np.arange(6, dtype=">f8"), np.arange(6, dtype="<i4").reshape(2, 3), np.array([True, False])):
+        path.write_bytes(pickle.dumps({"a": a}, protocol=protocol))
+        got = data_module._unpickle(path)["a"]
+        assert np.array_equal(got, a) and got.dtype == pickle.loads(path.read_bytes())["a"].dtype
+
+
 @pytest.mark.skipif(not Path(REAL_CIFAR).exists(), reason="the shared real CIFAR-10 files are not on this machine")
 def test_real_cifar_files_pass_the_restricted_unpickler():
     x, y = read_cifar_batch(Path(REAL_CIFAR) / "test_batch")

@@ -36,7 +36,9 @@ class ModelConfig:
 class DataConfig:
     name: str = opt("mnist", "dataset: mnist or cifar10")
     root: str = opt("data/mnist", "folder holding MNIST/raw or cifar-10-batches-py (made absolute when a run starts)")
-    download: bool = opt(False, "fetch the official files (checksummed) when they are missing")
+    download: bool = opt(True, "fetch the official files (md5-checked) when they are missing; false: never download")
+    mirror: Optional[str] = opt(None, "base URL holding the official files under their names (null: "
+                                      "$IMAGEGEN_DATA_MIRROR, else the official URLs)")
     val_fraction: float = opt(0.05, "seeded share of the training files held out for validation (0 to 1)")
     split_seed: int = opt(0, "seed of the train/validation split")
 
@@ -45,6 +47,7 @@ class DataConfig:
 class DataOverride:
     root: Optional[str] = opt(None, "dataset folder; null keeps the one stored in the checkpoint")
     download: Optional[bool] = opt(None, "fetch missing files; null keeps the checkpoint's setting")
+    mirror: Optional[str] = opt(None, "base URL of a mirror of the official files; null keeps the checkpoint's")
 
 
 @dataclass

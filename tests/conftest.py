@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,6 +6,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures import write_cifar, write_mnist  # noqa: E402
+
+# Tests never reach the network: a dataset download (data.download defaults to true) goes to a
+# closed local port and fails at once with the offline sentence; tests/test_download.py serves files.
+os.environ["IMAGEGEN_DATA_MIRROR"] = "http://127.0.0.1:9/"
 
 
 @pytest.fixture(scope="session")

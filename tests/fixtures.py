@@ -44,6 +44,52 @@ def write_cifar(root, batches=("data_batch_1", "test_batch"), n=12, seed=0):
         data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
         labels = rng.integers(0, 10, size=n).tolist()
         with open(folder / name, "wb") as f:
-            pickle.dump({"data": data, "labels": labels, "filenames": [f"{i}.png" for i in range(n)]}, f)
+            pickle.dump({"data": data, "labels": labels, "filenames": [f"{i}.png" for i in range(n)]}, f, protocol=4)
         out[name] = (data, labels)
     return out
+
+
+def py2_cifar_pickle(data, labels):
+    """A CIFAR-10 batch pickled as the official files are (Python 2, protocol 2: numpy.core.multiarray
+    names, the pixels as a py2 str), assembled opcode by opcode since Python 3 cannot write one."""
+    def s(text):  # SHORT_BINSTRING
+        return b"U" + bytes([len(text)]) + text.encode()
+
+    def i(n):  # BININT
+        return b"J" + int(n).to_bytes(4, "little", signed=True)
+
+    raw = np.ascontiguousarray(data, np.uint8).tobytes()
+    dtype = b"cnumpy\ndtype\n" + s("u1") + i(0) + i(1) + b"\x87R" \
+        + b"(" + i(3) + s("|") + b"NNN" + i(-1) + i(-1) + i(0) + b"tb"
+    array = b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + i(0) + b"\x85" + s("b") + b"\x87R" \
+        + b"(" + i(1) + i(data.shape[0]) + i(data.shape[1]) + b"\x86" + dtype + b"\x89" \
+        + b"T" + len(raw).to_bytes(4, "little") + raw + b"tb"
+    items = s("batch_label") + s("testing batch 1 of 1") + s("labels") + b"](" + b"".join(i(v) for v in labels) \
+        + b"e" + s("data") + array + s("filenames") + b"](" + b"".join(s(f"{k}.png") for k in range(len(labels))) + b"e"
+    return b"\x80\x02}(" + items + b"u."
+
+
+class Payload:
+    """Unpickling this runs os.system(command): the hostile object a data file must never get to run."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+        return os.system, (self.command,)
+
+
+def hostile_cifar_pickle(marker, protocol=4):
+    """An otherwise valid CIFAR-10 batch with a payload (in 'filenames', before 'data') that would
+    create marker."""
+    data = np.zeros((2, 3072), np.uint8)
+    return pickle.dumps({"filenames": Payload(f"touch {marker}"), "data": data, "labels": [0, 1]},
+                        protocol=protocol)
+
+
+def one_sentence(excinfo):
+    """The message of a raised UserError, checked to be one line ending in a full stop."""
+    msg = str(excinfo.value)
+    assert "\n" not in msg and msg.endswith(".") and "Traceback" not in msg, msg
+    return msg

@@ -1,13 +1,19 @@
 import gzip
 import pickle
+import tracemalloc
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from fixtures import idx_bytes, write_cifar, write_mnist
+import imagegen.data as data_module
+from fixtures import hostile_cifar_pickle, idx_bytes, one_sentence, py2_cifar_pickle, write_cifar, write_mnist
 from imagegen.data import load_split, read_cifar_batch, read_idx
 from imagegen.errors import UserError
+
+REAL_CIFAR = "/work/shared/data/cifar10/cifar-10-batches-py"
 
 
 @pytest.mark.parametrize("gz", [True, False])
@@ -60,7 +66,7 @@ def test_mislabelled_mnist_is_rejected(tmp_path):
 
 
 def test_missing_mnist_names_files_and_fixes(tmp_path):
-    with pytest.raises(UserError, match="t10k-images-idx3-ubyte.*data.root.*data.download=true"):
+    with pytest.raises(UserError, match="t10k-images-idx3-ubyte.*data.download=true.*https://.*data.root"):
         load_split("mnist", tmp_path, "test")
 
 
@@ -99,3 +105,176 @@ def test_bad_cifar_batches_are_rejected(tmp_path):
 def test_unknown_dataset_lists_choices():
     with pytest.raises(UserError, match="cifar10"):
         load_split("svhn", ".", "test")
+
+
+# ---------------------------------------------------------------- hostile and bad files (issue 10)
+def test_official_python2_layout_is_read(tmp_path):
+    """The official batches are Python 2 pickles naming numpy.core.multiarray, pixels as a py2 str."""
+    data = np.random.default_rng(0).integers(0, 256, size=(3, 3072), dtype=np.uint8)
+    path = tmp_path / "test_batch"
+    path.write_bytes(py2_cifar_pickle(data, [7, 0, 9]))
+    x, y = read_cifar_batch(path)
+    assert y.tolist() == [7, 0, 9]
+    assert np.array_equal(x, data.reshape(3, 3, 1024).transpose(0, 2, 1).reshape(3, 3072))
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_numpy_re_pickles_read_as_pickle_reads_them(tmp_path, protocol):
+    """Batches re-pickled by numpy 1 or 2 (arrays of any byte order, numpy scalar labels) still load."""
+    data = np.random.default_rng(0).integers(0, 256, size=(2, 3072), dtype=np.uint8)
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({"data": data, "labels": [np.int64(3), 4]}, protocol=protocol))
+    x, y = read_cifar_batch(path)
+    assert np.array_equal(x, data.reshape(2, 3, 1024).transpose(0, 2, 1).reshape(2, 3072)) and y.tolist() == [3, 4]
+    for a in (np.arange(6, dtype=">f8"), np.arange(6, dtype="<i4").reshape(2, 3), np.array([True, False])):
+        path.write_bytes(pickle.dumps({"a": a}, protocol=protocol))
+        got = data_module._unpickle(path)["a"]
+        assert np.array_equal(got, a) and got.dtype == pickle.loads(path.read_bytes())["a"].dtype
+
+
+@pytest.mark.skipif(not Path(REAL_CIFAR).exists(), reason="the shared real CIFAR-10 files are not on this machine")
+def test_real_cifar_files_pass_the_restricted_unpickler():
+    x, y = read_cifar_batch(Path(REAL_CIFAR) / "test_batch")
+    assert x.shape == (10000, 3072) and sorted(set(y.tolist())) == list(range(10))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_hostile_cifar_batch_is_refused_and_runs_nothing(tmp_path, protocol):
+    marker = tmp_path / "marker"
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    (folder / "test_batch").write_bytes(hostile_cifar_pickle(marker, protocol))
+    with pytest.raises(UserError, match="posix.system.*refused") as e:
+        load_split("cifar10", tmp_path, "test")
+    assert "test_batch" in one_sentence(e)
+    assert not marker.exists()
+
+
+def test_exec_and_eval_globals_are_refused(tmp_path):
+    marker = tmp_path / "marker"
+    code = f"__import__('pathlib').Path({str(marker)!r}).touch()".encode()
+    path = tmp_path / "data_batch_1"
+    for module, name in (("builtins", "exec"), ("__builtin__", "eval"), ("numpy", "load"), ("os", "system")):
+        # protocol 2: {'data': module.name(code)}
+        path.write_bytes(b"\x80\x02}(U\x04data" + f"c{module}\n{name}\n".encode()
+                         + b"T" + len(code).to_bytes(4, "little") + code + b"\x85Ru.")
+        with pytest.raises(UserError, match=f"{module}.{name}") as e:
+            read_cifar_batch(path)
+        one_sentence(e)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("labels", [["cat", "dog"], [0.5, 1.0], [0, 10], [True, False], "01", None])
+def test_cifar_labels_that_are_not_integers_are_one_sentence(tmp_path, labels):
+    path = tmp_path / "data_batch_1"
+    with open(path, "wb") as f:
+        pickle.dump({"data": np.zeros((2, 3072), np.uint8), "labels": labels}, f)
+    with pytest.raises(UserError, match="labels") as e:
+        read_cifar_batch(path)
+    one_sentence(e)
+
+
+def test_cifar_data_of_another_type_is_one_sentence(tmp_path):
+    path = tmp_path / "data_batch_1"
+    for data in ([[1, 2], [3]], b"\x00" * 3072, np.zeros((2, 3072), np.int64), np.zeros((2, 3072), object)):
+        with open(path, "wb") as f:
+            pickle.dump({"data": data, "labels": [0, 1]}, f)
+        with pytest.raises(UserError, match="not N x 3072 uint8|not numbers") as e:
+            read_cifar_batch(path)
+        one_sentence(e)
+
+
+class ForgedDtype:
+    """An object dtype whose pickled flags claim it holds no objects."""
+
+    def __reduce__(self):
+        return np.dtype, ("O8", False, True), (3, "|", None, None, None, -1, -1, 0)
+
+
+class ForgedArray:
+    """An array of that dtype over bytes of the file: numpy would read those bytes as pointers."""
+
+    def __init__(self, via):
+        self.via = via
+
+    def __reduce__(self):
+        if self.via == "frombuffer":
+            return np.empty(0).__reduce_ex__(5)[0], (bytearray(b"\x41" * 16), ForgedDtype(), (2,), "C")
+        return np.empty(0).__reduce__()[0], (np.ndarray, (0,), b"b"), (1, (2,), ForgedDtype(), False, b"\x41" * 16)
+
+
+@pytest.mark.parametrize("via", ["frombuffer", "reconstruct"])
+def test_forged_dtype_flags_cannot_make_numpy_read_pointers(tmp_path, via):
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({"labels": [0, 1], "data": ForgedArray(via)}, protocol=5))
+    with pytest.raises(UserError, match="not numbers") as e:
+        read_cifar_batch(path)
+    one_sentence(e)
+
+
+def test_gzip_bomb_stops_at_the_promised_size(tmp_path):
+    """A .gz whose header promises one image but which inflates to 1 GiB: refused, never inflated."""
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    zeros = gzip.compress(bytes(1 << 20), 9)            # gzip members concatenate into one stream
+    path.write_bytes(gzip.compress(idx_bytes(np.zeros((1, 28, 28), np.uint8))) + zeros * 1024)
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match="padded") as e:
+            read_idx(path, 3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    one_sentence(e)
+    assert peak < 32 << 20, f"{peak} bytes held to read a 785-byte image"
+
+
+def test_header_promising_more_than_memory_is_refused(tmp_path):
+    path = tmp_path / "x.gz"
+    path.write_bytes(gzip.compress(bytes([0, 0, 8, 3]) + (1 << 31).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2))
+    with pytest.raises(UserError, match="more than the memory") as e:
+        read_idx(path, 3)
+    one_sentence(e)
+
+
+def test_corrupt_deflate_stream_is_one_sentence(tmp_path):
+    path = tmp_path / "x.gz"
+    good = gzip.compress(idx_bytes(np.arange(4 * 784).reshape(4, 28, 28).astype(np.uint8)))
+    path.write_bytes(good[:10] + bytes([0xFF]) * 40 + good[50:])      # header intact, deflate data garbage
+    with pytest.raises(UserError, match="corrupt gzip") as e:
+        read_idx(path, 3)
+    one_sentence(e)
+
+
+def test_empty_splits_are_one_sentence(tmp_path):
+    write_mnist(tmp_path, n_train=1, n_test=0)
+    with pytest.raises(UserError, match="test files of mnist .* hold no images") as e:
+        load_split("mnist", tmp_path, "test")
+    one_sentence(e)
+    with pytest.raises(UserError, match="train split of mnist .* is empty.*val_fraction") as e:
+        load_split("mnist", tmp_path, "train")
+    one_sentence(e)
+    with pytest.raises(UserError, match="val_fraction must be") as e:
+        load_split("mnist", tmp_path, "val", val_fraction=1.0)
+    one_sentence(e)
+
+
+def test_root_that_is_a_file_is_one_sentence(tmp_path):
+    root = tmp_path / "data"
+    root.write_text("not a folder")
+    for name in ("mnist", "cifar10"):
+        with pytest.raises(UserError, match="is a file, not a folder") as e:
+            load_split(name, root, "test")
+        one_sentence(e)
+
+
+def test_unreadable_files_are_one_sentence(tmp_path, monkeypatch):
+    write_mnist(tmp_path)
+    write_cifar(tmp_path)
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(data_module, "open", denied, raising=False)     # also when the tests run as root
+    for name in ("mnist", "cifar10"):
+        with pytest.raises(UserError, match="cannot read .*Permission denied.*permissions") as e:
+            load_split(name, tmp_path, "test")
+        one_sentence(e)

@@ -7,7 +7,6 @@ from . import checkpoint, distributed
 from .cli import hydra_entry
 from .config import check_eval
 from .data import load_from_config
-from .errors import UserError
 from .scoring import LN2, total_nll
 
 

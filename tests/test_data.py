@@ -1,7 +1,6 @@
 import gzip
 import pickle
 import tracemalloc
-import zlib
 from pathlib import Path
 
 import numpy as np

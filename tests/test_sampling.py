@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from imagegen.errors import UserError
 from imagegen.model import PixelTransformer

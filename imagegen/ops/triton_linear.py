@@ -170,10 +170,10 @@ class TritonLinearAttention(torch.autograd.Function):
         opts = launch_options(q, E, M)
         strides = (*q.stride(), *k.stride(), *v.stride(), *g.stride())
         if L:
-            kernel("backward_dq", device)[(N * H, cdiv(E, b["BE"]))](
-                q, k, v, g, inv, gd, dq, *strides, *dq.stride(), H, L, E, M, C=C, BE=b["BE"], BMF=b["BMF"], **opts)
-            kernel("backward_dk", device)[(N * H, cdiv(E, b["BE"]))](
-                q, k, v, g, inv, gd, dk, *strides, *dk.stride(), H, L, E, M, C=C, BE=b["BE"], BMF=b["BMF"], **opts)
+            for d, reverse in ((dq, False), (dk, True)):
+                kernel("backward_qk", device)[(N * H, cdiv(E, b["BE"]))](
+                    q, k, v, g, inv, gd, d, *strides, *d.stride(), H, L, E, M,
+                    C=C, BE=b["BE"], BMF=b["BMF"], REVERSE=reverse, **opts)
             kernel("backward_dv", device)[(N * H, cdiv(M, b["BM"]))](
                 q, k, g, inv, dv, *q.stride(), *k.stride(), *g.stride(), *dv.stride(), H, L, E, M,
                 C=C, BEF=b["BEF"], BM=b["BM"], **opts)

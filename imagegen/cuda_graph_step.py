@@ -9,19 +9,17 @@ why and runs it compiled without graphs; IMAGEGEN_CUDA_GRAPHS=0 turns it off alt
 Shape letters: N batch, D model dim, P distribution parameters, E head dim.
 """
 import os
-import weakref
 
 import torch
-
-_graphed = weakref.WeakKeyDictionary()  # model -> {(batch, device, dtype): GraphedStep}, compiled once each
 
 
 def make_step(model, batch, device, dtype):
     """step(token (N,) long) -> parameters (N, P) for the next position, from a fresh state."""
     device = torch.device(device)
     if use_graphs(model, device):
-        steps = _graphed.setdefault(model, {})
-        key = (batch, str(device), dtype)
+        if not hasattr(model, "graphed_steps"):       # {(batch, device, dtype): GraphedStep}, compiled once each
+            model.graphed_steps = {}
+        steps, key = model.graphed_steps, (batch, str(device), dtype)
         if key not in steps:
             steps[key] = GraphedStep(model, batch, device, dtype)
         return steps[key].reset()

@@ -4,7 +4,6 @@ per-module loop `PixelTransformer.step`; when it is used; and, with a GPU, compi
 import pytest
 import torch
 
-from imagegen import cuda_graph_step
 from imagegen.cuda_graph_step import GraphedStep, make_step, use_graphs
 from imagegen.model import PixelTransformer
 
@@ -41,7 +40,7 @@ def test_used_on_cuda_for_linear_models_only(monkeypatch):
     assert not use_graphs(model, cuda)
     step = make_step(model, 2, "cpu", torch.float32)
     assert not isinstance(step, GraphedStep)                      # the CPU runs the per-module loop
-    assert not cuda_graph_step._graphed
+    assert not hasattr(model, "graphed_steps")
 
 
 def test_refuses_the_fused_cpu_state(monkeypatch):

@@ -1,6 +1,7 @@
 """The Triton kernels of the model's linear attention (imagegen/ops/triton_linear.py) against
 the float64 quadratic reference: outputs and gradients, the decoding step, the model's wiring,
-the dispatch rule, and that CPU users never import triton.
+the dispatch rule, that the kernels compile for a GPU (sm_90, compiled here without one), and
+that CPU users never import triton.
 
 Where no CUDA GPU is visible, tests/conftest.py sets TRITON_INTERPRET=1 before anything imports
 triton, and the kernels run on CPU tensors in Triton's interpreter (the "interp" cases; float32
@@ -78,7 +79,7 @@ SHAPES = [  # N, H, L, E, M, chunk
     (2, 3, 19, 5, 7, 16),      # E != M, both below the smallest block (padded)
     (1, 1, 20, 32, 24, None),
     (1, 1, 17, 64, 64, None),
-    (1, 1, 9, 128, 128, None),  # state split into 64-wide blocks
+    (1, 1, 9, 128, 128, None),  # state split into 64-wide blocks, chunk 16
 ]
 
 
@@ -177,7 +178,7 @@ def test_auto_takes_triton_where_it_works(fresh_probe, device):
         pytest.skip("the CPU stands in for CUDA here")
     q, k, v = make_raw_qkv(1, 2, 9, 4, 4)
     q, k, v = q.float(), k.float(), v.float()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.inference_mode():     # the check runs its backward all the same
         warnings.simplefilter("error")
         assert ops.choose_impl(q, v, fused=True) == "triton"
         torch.testing.assert_close(ops.linear_attention(q, k, v), ops.linear_attention(q, k, v, impl="chunked"))
@@ -213,8 +214,23 @@ def test_impl_triton_errors_name_the_fix():
         ops.causal_product(q, k, v, impl="triton")
     with pytest.raises(ValueError, match=r"float32, float16, got float64.*impl='chunked'"):
         ops.linear_attention(q, k, v, impl="triton")
+    with pytest.raises(ValueError, match="E, M <= 128"):
+        ops.linear_attention(*(t.float() for t in make_raw_qkv(1, 1, 4, 129, 2)), impl="triton")
     with pytest.raises(ValueError, match="power of two"):
         triton_linear.linear_attention_triton(q.float(), k.float(), v.float(), eps=ops.EPS, chunk=24)
+
+
+@pytest.mark.parametrize("dims, dtype", [("128", "float32"), ("32", "bfloat16")])
+def test_kernels_compile_for_sm90_within_shared_memory(dims, dtype):
+    """What the launches compile to on a GPU, compiled here for sm_90 (no GPU needed, Triton's compiler
+    and ptxas run on the CPU) in a process without the interpreter: every kernel builds, each
+    within the shared memory of the smallest GPU (float32 at E = 128 is the largest)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "imagegen.ops.triton_compile", "--arch", "90", "--dims", dims,
+                           "--dtypes", dtype], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("sm_90")]
+    assert len(lines) == 5 and all(ln.endswith("ok") for ln in lines), proc.stdout
 
 
 def test_cpu_users_never_import_triton():

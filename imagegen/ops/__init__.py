@@ -43,7 +43,7 @@ def choose_impl(q, v, fused=False):
     `linear_attention` (phi and the normalisation inside), else for the bare numerator.
 
     CUDA, fused: Triton when it imports, takes the dtype (float32/16, bfloat16) and head dims
-    (E, M <= 256), and its kernels compile and agree with chunked on this device (checked once
+    (E, M <= 128), and its kernels compile and agree with chunked on this device (checked once
     per process; a failure warns once, naming the cause); else chunked. Not fused: chunked.
     The csrc CUDA kernel is never chosen: it has never run (no GPU here), while the Triton
     kernels' arithmetic is tested under the interpreter on every change.

@@ -20,7 +20,7 @@ from torch.autograd.function import once_differentiable
 
 from .kernel import empty_heads_last, unpack
 
-MAX_DIM = 256
+MAX_DIM = 128  # beyond, a chunk of 16 would need more shared memory than consumer GPUs have (see `plan`)
 DTYPES = {"cuda": (torch.float32, torch.float16, torch.bfloat16), "cpu": (torch.float32, torch.float16)}
 
 _errors = {}     # device type -> None (usable) or why not
@@ -68,7 +68,8 @@ def probe(device_type):
     if device_type == "cpu" and not interpreting():
         return "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before triton is imported"
     try:
-        return check_against_chunked(device_type)
+        with torch.inference_mode(False), torch.enable_grad():     # asked first from a sampler, say
+            return check_against_chunked(device_type)
     except Exception as exc:  # compile errors, missing drivers, ...
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         detail = (lines or [type(exc).__name__])[0]
@@ -94,19 +95,38 @@ def check_against_chunked(device_type):
     return None
 
 
-def blocks(E, M):
-    """Chunk length and block sizes: powers of two >= 16 (tl.dot's smallest), state blocks of <= 64 columns."""
-    def p2(x):
-        return max(16, 1 << max(0, x - 1).bit_length())
-    full_e, full_m = p2(E), p2(M)
-    return {"C": 64 if max(full_e, full_m) <= 64 else 32, "BE": min(full_e, 64), "BM": min(full_m, 64),
-            "BEF": full_e, "BMF": full_m}
+def plan(E, M, dtype, chunk=None):
+    """{launch: (kernel name, its constexprs, warps)} for head dims E, M and inputs of dtype.
+
+    Blocks are powers of two >= 16 (tl.dot's smallest): BEF, BMF cover E, M whole; the state is
+    split into blocks BE, BM of <= 64 columns. The chunk C (64 up to dims 32, 32 up to 64, 16
+    up to 128) keeps every kernel's shared memory within 99 KiB, the least that an sm_86/sm_89
+    GPU allows (compiled for sm_90 in float32 by `triton_compile`: at most 84 KiB; C = 32 at
+    dims 128 needed 136). float32 inputs get IEEE float32 dots; half inputs tf32, whose rounding
+    is no coarser than theirs."""
+    full_e, full_m = (max(16, 1 << max(0, d - 1).bit_length()) for d in (E, M))
+    full = max(full_e, full_m)
+    C = chunk or (64 if full <= 32 else 32 if full <= 64 else 16)
+    BE, BM = min(full_e, 64), min(full_m, 64)
+    prec = "ieee" if dtype == torch.float32 else "tf32"
+    warps = 4 if full <= 64 else 8
+    qk = {"C": C, "BE": BE, "BMF": full_m, "PREC": prec}
+    return {"forward": ("forward", {"C": C, "BE": full_e, "BM": BM, "PREC": prec}, warps),
+            "dq": ("backward_qk", {**qk, "REVERSE": False}, warps),
+            "dk": ("backward_qk", {**qk, "REVERSE": True}, warps),
+            "dv": ("backward_dv", {"C": C, "BEF": full_e, "BM": BM, "PREC": prec}, warps),
+            "step": ("step", {"BE": full_e, "BM": full_m}, 4)}
 
 
-def launch_options(x, E, M):
-    """What every kernel launch gets: dot precision and, compiled, the warp count."""
-    prec = "ieee" if x.dtype == torch.float32 else "tf32"  # half inputs: tf32 dots cost less than their rounding
-    return {"PREC": prec} if x.device.type == "cpu" else {"PREC": prec, "num_warps": 4 if max(E, M) <= 64 else 8}
+def launch(planned, device_type, grid, *args):
+    """Run one planned kernel (name, constexprs, warps) on device_type over grid."""
+    name, constexprs, warps = planned
+    options = {} if device_type == "cpu" else {"num_warps": warps}
+    kernel(name, device_type)[grid](*args, **constexprs, **options)
+
+
+def cdiv(a, b):
+    return -(-a // b)
 
 
 def kernel(name, device_type):
@@ -126,10 +146,6 @@ def interpreting():
     return isinstance(triton_kernels.forward, InterpretedFunction)
 
 
-def cdiv(a, b):
-    return -(-a // b)
-
-
 class TritonLinearAttention(torch.autograd.Function):
     """phi, numerator, denominator and division in one kernel forward, three backward (dq, dk, dv);
     keeps 1 / (den + eps) per position beside its inputs and output. Takes q, k, v (N, H, L, E),
@@ -140,16 +156,14 @@ class TritonLinearAttention(torch.autograd.Function):
         q, k, v = unpack(inputs)
         N, H, L, E = q.shape
         M = v.shape[-1]
-        b = blocks(E, M)
-        C = chunk or b["C"]
+        p = plan(E, M, q.dtype, chunk)
         out = empty_heads_last(v)                               # (N, H, L, M), laid out (N, L, H, M)
         inv = torch.empty(N * H, L, device=q.device, dtype=torch.float32)
         if L:
-            kernel("forward", q.device.type)[(N * H, cdiv(M, b["BM"]))](
-                q, k, v, out, inv, *q.stride(), *k.stride(), *v.stride(), *out.stride(), H, L, E, M, eps,
-                C=C, BE=b["BEF"], BM=b["BM"], **launch_options(q, E, M))
+            launch(p["forward"], q.device.type, (N * H, cdiv(M, p["forward"][1]["BM"])),
+                   q, k, v, out, inv, *q.stride(), *k.stride(), *v.stride(), *out.stride(), H, L, E, M, eps)
         ctx.save_for_backward(*inputs, out, inv)
-        ctx.chunk = C
+        ctx.chunk = chunk
         return out
 
     @staticmethod
@@ -159,7 +173,7 @@ class TritonLinearAttention(torch.autograd.Function):
         q, k, v = unpack(inputs)
         N, H, L, E = q.shape
         M = v.shape[-1]
-        b, C, device = blocks(E, M), ctx.chunk, q.device.type
+        p, device = plan(E, M, q.dtype, ctx.chunk), q.device.type
         g = grad_out.to(out.dtype)
         gd = -(g.float() * out.float()).sum(-1).reshape(N * H, L) * inv      # d loss / d den, (N H, L)
         if len(inputs) == 1:
@@ -167,16 +181,13 @@ class TritonLinearAttention(torch.autograd.Function):
         else:
             grads = tuple(empty_heads_last(x) for x in inputs)
         dq, dk, dv = unpack(grads)
-        opts = launch_options(q, E, M)
         strides = (*q.stride(), *k.stride(), *v.stride(), *g.stride())
         if L:
-            for d, reverse in ((dq, False), (dk, True)):
-                kernel("backward_qk", device)[(N * H, cdiv(E, b["BE"]))](
-                    q, k, v, g, inv, gd, d, *strides, *d.stride(), H, L, E, M,
-                    C=C, BE=b["BE"], BMF=b["BMF"], REVERSE=reverse, **opts)
-            kernel("backward_dv", device)[(N * H, cdiv(M, b["BM"]))](
-                q, k, g, inv, dv, *q.stride(), *k.stride(), *g.stride(), *dv.stride(), H, L, E, M,
-                C=C, BEF=b["BEF"], BM=b["BM"], **opts)
+            for name, d in (("dq", dq), ("dk", dk)):
+                launch(p[name], device, (N * H, cdiv(E, p[name][1]["BE"])),
+                       q, k, v, g, inv, gd, d, *strides, *d.stride(), H, L, E, M)
+            launch(p["dv"], device, (N * H, cdiv(M, p["dv"][1]["BM"])),
+                   q, k, g, inv, dv, *q.stride(), *k.stride(), *g.stride(), *dv.stride(), H, L, E, M)
         else:
             for t in grads:
                 t.zero_()
@@ -188,7 +199,7 @@ class TritonLinearAttention(torch.autograd.Function):
 def linear_attention_triton(*inputs, eps, chunk=None):
     """Causal linear attention on raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M), laid out
     (N, L, H, M); or on qkv (N, L, 3, H, E) holding the three. chunk: positions per chunk (a power
-    of two >= 16; None: 64 up to head dim 64, else 32)."""
+    of two >= 16; None: see `plan`)."""
     if chunk is not None and (chunk < 16 or chunk & (chunk - 1)):
         raise ValueError(f"chunk must be a power of two >= 16 (tl.dot's smallest block), got {chunk}.")
     return TritonLinearAttention.apply(eps, chunk, *inputs)
@@ -200,10 +211,7 @@ def triton_step(q, k, v, state, eps):
     N, H, _, E = q.shape
     M = v.shape[-1]
     out = empty_heads_last(v)
-    b = blocks(E, M)
-    opts = {} if q.device.type == "cpu" else {"num_warps": 4}
     drop = (lambda t: (t.stride(0), t.stride(1), t.stride(3)))                   # the unit length axis
-    kernel("step", q.device.type)[(N * H,)](
-        q, k, v, state, out, *drop(q), *drop(k), *drop(v), *state.stride(), *drop(out), H, E, M, eps,
-        BE=b["BEF"], BM=b["BMF"], **opts)
+    launch(plan(E, M, q.dtype)["step"], q.device.type, (N * H,),
+           q, k, v, state, out, *drop(q), *drop(k), *drop(v), *state.stride(), *drop(out), H, E, M, eps)
     return out

@@ -29,7 +29,8 @@ try:
     MISSING = None
 except ImportError as exc:
     MISSING = str(exc)
-if MISSING and os.environ.get("IMAGEGEN_REQUIRE_TRITON", "") not in ("", "0"):
+REQUIRED = os.environ.get("IMAGEGEN_REQUIRE_TRITON", "") not in ("", "0")
+if MISSING and REQUIRED:
     raise RuntimeError(f"IMAGEGEN_REQUIRE_TRITON is set but triton does not import: {MISSING}")
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"triton does not import: {MISSING}")
 
@@ -45,7 +46,10 @@ TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}  # relati
 def device(request):
     interpreting = triton_linear.interpreting()
     if request.param == "cpu" and not interpreting:
-        pytest.skip("triton runs compiled here (a GPU is visible): the cuda cases cover these; "
+        if not torch.cuda.is_available() and REQUIRED:
+            pytest.fail("IMAGEGEN_REQUIRE_TRITON is set, but TRITON_INTERPRET is off and no GPU is visible: "
+                        "nothing would run the kernels")
+        pytest.skip("triton runs compiled in this process (TRITON_INTERPRET off): the cuda cases cover these; "
                     "TRITON_INTERPRET=1 runs the interpreter")
     if request.param == "cuda" and interpreting:
         pytest.skip("TRITON_INTERPRET=1: kernels would be interpreted, not compiled")
@@ -174,10 +178,7 @@ def fresh_probe(monkeypatch):
 
 
 def test_auto_takes_triton_where_it_works(fresh_probe, device):
-    if device != "cpu":
-        pytest.skip("the CPU stands in for CUDA here")
-    q, k, v = make_raw_qkv(1, 2, 9, 4, 4)
-    q, k, v = q.float(), k.float(), v.float()
+    q, k, v = (t.to(device, torch.float32) for t in make_raw_qkv(1, 2, 9, 4, 4))
     with warnings.catch_warnings(), torch.inference_mode():     # the check runs its backward all the same
         warnings.simplefilter("error")
         assert ops.choose_impl(q, v, fused=True) == "triton"
@@ -186,11 +187,11 @@ def test_auto_takes_triton_where_it_works(fresh_probe, device):
     assert ops.choose_impl(q.double(), v.double(), fused=True) == "chunked"   # unsupported dtype
 
 
-def test_compile_failure_falls_back_to_chunked_with_one_warning(fresh_probe, monkeypatch):
-    def broken(device_type):
+def test_compile_failure_falls_back_to_chunked_with_one_warning(fresh_probe, device, monkeypatch):
+    def broken(name, device_type):
         raise RuntimeError("CompilationError: at 12:4: forced failure\nmore lines")
-    monkeypatch.setattr(triton_linear, "check_against_chunked", broken)
-    q, k, v = (t.float() for t in make_raw_qkv(1, 2, 9, 4, 4))
+    monkeypatch.setattr(triton_linear, "kernel", broken)
+    q, k, v = (t.to(device, torch.float32) for t in make_raw_qkv(1, 2, 9, 4, 4))
     with pytest.warns(RuntimeWarning, match="CompilationError: at 12:4: forced failure.*chunked") as record:
         got = ops.linear_attention(q, k, v)
         ops.linear_attention(q, k, v)
@@ -201,11 +202,13 @@ def test_compile_failure_falls_back_to_chunked_with_one_warning(fresh_probe, mon
         ops.linear_attention(q, k, v, impl="triton")
 
 
-def test_wrong_results_count_as_failure(fresh_probe, monkeypatch):
+def test_wrong_results_count_as_failure(fresh_probe, device, monkeypatch):
     """A kernel that compiles but computes wrong is not taken either."""
+    assert triton_linear.triton_error(device) is None
+    monkeypatch.setattr(triton_linear, "_errors", {})
     real = triton_linear.linear_attention_triton
     monkeypatch.setattr(triton_linear, "linear_attention_triton", lambda *t, **kw: real(*t, **kw) * 1.01)
-    assert "forward differs" in triton_linear.triton_error("cpu")
+    assert "forward differs" in triton_linear.triton_error(device)
 
 
 def test_impl_triton_errors_name_the_fix():

@@ -2,7 +2,8 @@
 
 - `step` loop: one `model.step` per sub-pixel. For linear attention this is the RNN
   (state S, Z per layer, constant work per step); for softmax it is a preallocated
-  KV cache written in place. Available when `model.can_step`.
+  KV cache written in place. Available when `model.can_step`. On CUDA, linear models run
+  it as a replayed CUDA graph (`cuda_graph_step`).
 - `recompute` loop: the whole prefix through `model.forward` at every step: the paper's
   softmax baseline and the only way to sample LSH.
 Both draw one uniform per image per sampled position from the same generator, so with
@@ -15,6 +16,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from .cuda_graph_step import make_step
 from .errors import UserError
 from .likelihood import sample as draw
 from .memory import check_batch_fits
@@ -56,13 +58,12 @@ def recompute_step(model, x, t, temperature, generator):
 def fill_step(model, x, start, temperature, generator, on_step=None):
     """Sample x[:, start:] in place with model.step; x[:, :start] is the given prefix (N, D) uint8."""
     N, D = x.shape
-    state = model.init_state(N, x.device, next(model.parameters()).dtype)
+    step = make_step(model, N, x.device, next(model.parameters()).dtype)   # CUDA: one graph replay per step
     token = torch.full((N,), START, dtype=torch.long, device=x.device)
     for t in range(D):
-        if t < start:                      # feed the prefix through the state
-            state = model.step(token, state)[1]
-        else:
-            x[:, t] = decode_step(model, token, state, temperature, generator)[0]
+        params = step(token)
+        if t >= start:                     # the prefix only feeds the state
+            x[:, t] = draw(model.head, params, temperature, generator)
         token = x[:, t].long()
         if on_step:
             on_step(t)

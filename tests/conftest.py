@@ -3,6 +3,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run on CPU tensors in Triton's interpreter (tests/test_triton.py);
+# triton decides that when it is first imported, so it is set here, before any test module imports it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures import write_cifar, write_mnist  # noqa: E402

@@ -1,16 +1,18 @@
 """Linear attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020).
 
-Causal forward through `imagegen.ops.linear_attention_qkv` (fused CPU kernel or chunked); as
-an RNN, each step updates S = sum phi(k) v^T (E x M) and Z = sum phi(k) (E) and reads them
-with phi(q).
+Causal forward through `imagegen.ops.linear_attention_qkv` (fused CPU kernel, Triton on CUDA,
+or chunked); as an RNN, each step updates S = sum phi(k) v^T (E x M) and Z = sum phi(k) (E) and
+reads them with phi(q).
 Where the fused CPU kernel serves the model, a decoding step is that kernel run for one
-position from the carried state; elsewhere Z is kept as an extra column of S (v gets a
-ones column), so one batched product serves both."""
+position from the carried state; elsewhere Z is kept as an extra column of S (v gets a ones
+column), so one batched product serves both: Triton's step kernel (where Triton serves the
+forward) or PyTorch's baddbmm and bmm."""
 import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from ..ops import EPS, IMPLS, fused_state, fused_step, linear_attention_qkv, phi, uses_fused_kernel
+from ..ops import (EPS, IMPLS, fused_state, fused_step, linear_attention_qkv, phi, triton_step, uses_fused_kernel,
+                   uses_triton_step)
 from ..layers import Dense
 from . import Attention, register
 
@@ -36,13 +38,17 @@ class LinearAttention(Attention):
         like, NH, E = torch.empty(0, device=device, dtype=dtype), batch * self.n_heads, self.head_dim
         if uses_fused_kernel(self.impl, like):
             return {"fused": fused_state(like, NH, E, E)}
-        return {"S": torch.zeros(NH, E, E + 1, device=device, dtype=dtype)}
+        S = torch.zeros(NH, E, E + 1, device=device, dtype=dtype)
+        return {"S": S, "triton": True} if uses_triton_step(self.impl, S) else {"S": S}
 
     def step(self, x_t, state):                              # x_t (N, D)
         N, H, E = x_t.shape[0], self.n_heads, self.head_dim
         if "fused" in state:
             q, k, v = self.qkv(x_t).view(N, 3, H, 1, E).unbind(1)                 # (N, H, 1, E) views
             return self.out(fused_step(q, k, v, state["fused"], EPS).reshape(N, H * E)), state
+        if state.get("triton"):                              # the same S, Z by one Triton kernel
+            q, k, v = self.qkv(x_t).view(N, 3, H, 1, E).unbind(1)                 # (N, H, 1, E) views
+            return self.out(triton_step(q, k, v, state["S"], EPS).reshape(N, H * E)), state
         qkv = self.qkv(x_t).view(N, 3, H, E)
         qk = phi(qkv[:, :2])                                 # (N, 2, H, E)
         v1 = F.pad(qkv[:, 2], (0, 1), value=1.0)             # (N, H, M+1): v with a ones column

@@ -16,12 +16,12 @@ from ..data import dataset_info
 from ..allocator import keep_freed_memory
 from ..errors import UserError
 from ..model import build_model
-from ..ops import kernel_error, linear_attention
+from ..ops import TRITON_DEVICES, kernel_error, linear_attention, triton_error
 from ..precision import autocast
 from .report import markdown_table, machine
 from .timing import median_ms, sync
 
-LINEAR_IMPLS = ("cumsum", "chunked", "kernel", "auto")
+LINEAR_IMPLS = ("cumsum", "chunked", "kernel", "triton", "auto")
 
 
 def attention_fn(impl):
@@ -96,6 +96,8 @@ def run_attention(c, device):
     impls = [i for i in c["impls"] if i == "softmax" or i in LINEAR_IMPLS]
     if "kernel" in impls and kernel_error(device.type, warn=True) is not None:
         impls.remove("kernel")
+    if "triton" in impls and (device.type not in TRITON_DEVICES or triton_error(device.type, warn=True) is not None):
+        impls.remove("triton")                    # Triton rows on CUDA only (the CPU runs it interpreted, for tests)
     unknown = [d for d in c["attention_dtypes"] if d not in DTYPES]
     if unknown:
         raise UserError(f"unknown dtype {unknown[0]!r} in attention_dtypes; use {' or '.join(DTYPES)}.")
@@ -125,7 +127,7 @@ def run_attention(c, device):
             ("peak_mib", "peak MiB (fwd+bwd)", "{:.1f}"), ("memory_vs_softmax", "memory / softmax", "{:.2f}"),
             ("note", "note", None)]
     md = (f"Causal attention, B={N}, H={H}, D=M={E}, {' and '.join(c['attention_dtypes'])}, {device}. softmax = "
-          f"scaled_dot_product_attention(is_causal=True); linear = elu+1 features, normalised.\n"
+          f"scaled_dot_product_attention(is_causal=True) (flash on CUDA); linear = elu+1 features, normalised.\n"
           f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
     return {"rows": rows}, md
 

@@ -7,7 +7,10 @@ impl names:
   "cumsum"     cumulative sum of k v^T outer products, O(L E M) memory
   "chunked"    masked products inside chunks + carried state (pure PyTorch, any device)
   "kernel"     compiled recurrent kernel of csrc/ (CPU: float32/64, bfloat16; CUDA: float32/16, bfloat16);
-               on the CPU `linear_attention` runs it fused with phi and the normalisation
+               on the CPU `linear_attention` runs it fused with phi and the normalisation.
+               On CUDA only when asked for: its source compiles (csrc/compile_check.sh) but has never run
+  "triton"     `linear_attention` only: the fused chunked Triton kernels of triton_linear.py (CUDA;
+               CPU tensors under Triton's interpreter, for tests)
   "auto"       the fastest available for the device and shape (rule in `choose_impl`)
 """
 import torch
@@ -17,8 +20,10 @@ from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cu
                             causal_product_reference)
 from .kernel import (causal_product_kernel, decode_step, fused_state, fused_step, kernel_error, kernel_unsupported,
                      linear_attention_kernel)
+from .triton_linear import linear_attention_triton, triton_error, triton_step, triton_unsupported
 
-IMPLS = ("reference", "cumsum", "chunked", "kernel", "auto")
+IMPLS = ("reference", "cumsum", "chunked", "kernel", "triton", "auto")
+TRITON_DEVICES = ("cuda",)  # device types where "auto" runs `linear_attention` through Triton
 CPU_KERNEL_MAX_DIM = 193  # auto on CPU with grad: kernel up to head dim 192 (+ the ones column)
 EPS = 1e-6  # added to the denominator phi(q_i) . sum_{j<=i} phi(k_j), which is > 0 for elu+1
 
@@ -33,11 +38,15 @@ def default_chunk_size(q):
     return min(128, max(32, 1 << max(0, q.shape[-1] - 1).bit_length()))
 
 
-def choose_impl(q, v):
-    """The implementation "auto" runs for q (N, H, L, E), v (N, H, L, M).
+def choose_impl(q, v, fused=False):
+    """The implementation "auto" runs for q (N, H, L, E), v (N, H, L, M); fused: for
+    `linear_attention` (phi and the normalisation inside), else for the bare numerator.
 
-    CUDA: the kernel when it built and supports the dtype (float32/16, bfloat16) and head
-    dims (E, M <= 256), else chunked.
+    CUDA, fused: Triton when it imports, takes the dtype (float32/16, bfloat16) and head dims
+    (E, M <= 128), and its kernels compile and agree with chunked on this device (checked once
+    per process; a failure warns once, naming the cause); else chunked. Not fused: chunked.
+    The csrc CUDA kernel is never chosen: it has never run (no GPU here), while the Triton
+    kernels' arithmetic is tested under the interpreter on every change.
     CPU: the kernel (float32/64, bfloat16) when it built and either no gradient is needed or
     max(E, M) <= 193; else chunked. Measured here (2-core Xeon with AVX-512, shared, float32,
     torch.set_num_threads(1), median ms, kernel vs the best chunk size; N,H,L,E,M):
@@ -57,26 +66,37 @@ def choose_impl(q, v):
     (Measured with the numerator kernel; `linear_attention` runs the fused one, 3.2-4.2x faster
     than chunked at E = M = 32 in `imagegen-bench mode=attention`, under the same rule.)
     """
-    if kernel_unsupported(q, v) is not None:
-        return "chunked"
-    if q.device.type == "cpu":
-        needs_grad = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
-        if needs_grad and max(q.shape[-1], v.shape[-1]) > CPU_KERNEL_MAX_DIM:
+    if q.device.type in TRITON_DEVICES:
+        if not fused or triton_unsupported(q, v) is not None:
             return "chunked"
+        return "chunked" if triton_error(q.device.type, warn=True) is not None else "triton"
+    if q.device.type != "cpu" or kernel_unsupported(q, v) is not None:
+        return "chunked"
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
+    if needs_grad and max(q.shape[-1], v.shape[-1]) > CPU_KERNEL_MAX_DIM:
+        return "chunked"
     if kernel_error(q.device.type, warn=True) is not None:
         return "chunked"
     return "kernel"
 
 
-def resolve_impl(q, k, v, impl, chunk_size):
-    """Check the arguments and turn impl (maybe "auto") into the implementation to run."""
+def resolve_impl(q, k, v, impl, chunk_size, fused=False):
+    """Check the arguments and turn impl (maybe "auto") into the implementation to run;
+    fused: for `linear_attention`, the only op "triton" runs."""
     if impl not in IMPLS:
         raise ValueError(f"unknown causal product impl {impl!r}; choose one of {', '.join(IMPLS)}.")
     check_qkv(q, k, v)
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None (tuned default), got {chunk_size!r}.")
     if impl == "auto":
-        return choose_impl(q, v)
+        return choose_impl(q, v, fused)
+    if impl == "triton":
+        if not fused:
+            raise ValueError("impl='triton' runs the model's linear_attention only (phi and the normalisation "
+                             "fused); use impl='chunked' (or 'auto') for the bare product.")
+        why = triton_unsupported(q, v) or triton_error(q.device.type)
+        if why is not None:
+            raise ValueError(f"impl='triton' is unavailable: {why}. Use impl='chunked' (or 'auto').")
     if impl == "kernel":
         why = kernel_unsupported(q, v) or kernel_error(q.device.type)
         if why is not None:
@@ -132,9 +152,11 @@ def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
     projection, say) go to the kernels as they are (they sum in float32); the CPU's chunked form
     computes them in float32 and casts the result back."""
     with torch.autocast(q.device.type, enabled=False):
-        impl = resolve_impl(q, k, v, impl, chunk_size)
+        impl = resolve_impl(q, k, v, impl, chunk_size, fused=True)
         if impl == "kernel" and q.device.type == "cpu":
             return linear_attention_kernel(q, k, v, eps=eps)
+        if impl == "triton":
+            return linear_attention_triton(q, k, v, eps=eps)
         dtype = compute_dtype(q)
         if dtype != q.dtype:
             return linear_attention(q.to(dtype), k.to(dtype), v.to(dtype), impl, eps, chunk_size).to(q.dtype)
@@ -144,14 +166,17 @@ def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
 def linear_attention_qkv(qkv, n_heads, impl="auto", eps=EPS):
     """`linear_attention` with heads split and merged: qkv (N, L, 3 H E), the queries, keys and
     values of H heads side by side as one projection makes them -> (N, L, H E). The fused CPU
-    kernel takes qkv whole, so that its gradient comes back as one tensor, not three to concatenate."""
+    kernel and the Triton kernels take qkv whole, so that its gradient comes back as one tensor, not three to
+    concatenate."""
     N, L, _ = qkv.shape
     heads = qkv.view(N, L, 3, n_heads, -1)
     q, k, v = heads.permute(2, 0, 3, 1, 4)                                  # (N, H, L, E) views
-    impl = resolve_impl(q, k, v, impl, None)
+    impl = resolve_impl(q, k, v, impl, None, fused=True)
     with torch.autocast(qkv.device.type, enabled=False):
         if qkv.device.type == "cpu" and impl == "kernel":
             out = linear_attention_kernel(heads, eps=eps)
+        elif impl == "triton":
+            out = linear_attention_triton(heads, eps=eps)
         else:
             out = linear_attention(q, k, v, impl, eps)                  # impl resolved: not chosen again
     return out.transpose(1, 2).reshape(N, L, -1)
@@ -162,3 +187,10 @@ def uses_fused_kernel(impl, like):
     then decoding can step through it too (`fused_state`, `fused_step`)."""
     return (impl in ("auto", "kernel") and like.device.type == "cpu" and kernel_unsupported(like, like) is None
             and kernel_error("cpu", warn=impl == "auto") is None)
+
+
+def uses_triton_step(impl, like):
+    """Whether decoding steps through `triton_step` for impl ("auto" or "triton") and tensors like
+    `like`: where "auto" takes Triton for `linear_attention` (CUDA, when it works)."""
+    return (impl in ("auto", "triton") and like.device.type in TRITON_DEVICES and triton_unsupported(like, like) is None
+            and triton_error(like.device.type, warn=impl == "auto") is None)

@@ -1,0 +1,64 @@
+"""The sampler's step function (imagegen/cuda_graph_step.py): the CUDA-graph form's logic (static
+buffers, the position as a tensor, in-place state, reset) run eagerly on the CPU against the
+per-module loop `PixelTransformer.step`; when it is used; and, with a GPU, compiled against eager."""
+import pytest
+import torch
+
+from imagegen.cuda_graph_step import GraphedStep, make_step, use_graphs
+from imagegen.model import PixelTransformer
+
+
+def linear_model(impl="chunked", attention="linear", device="cpu"):
+    torch.manual_seed(0)
+    options = {"impl": impl} if attention == "linear" else {}
+    return PixelTransformer(24, 3, 2, attention=attention, n_layers=2, d_model=16, n_heads=2, d_ff=32,
+                            attention_options=options).to(device).eval()
+
+
+def loop_outputs(model, tokens, step):
+    return torch.stack([step(tokens[:, t]) for t in range(tokens.shape[1])], 1)
+
+
+@torch.no_grad()
+def test_static_buffer_step_equals_the_per_module_loop():
+    model = linear_model()
+    tokens = torch.randint(0, 257, (3, 24))
+    state = model.init_state(3, "cpu")
+    want = loop_outputs(model, tokens, lambda tok: model.step(tok, state)[0])
+    graphed = GraphedStep(model, 3, "cpu", torch.float32, compile=False)
+    torch.testing.assert_close(loop_outputs(model, tokens, graphed), want, rtol=1e-5, atol=1e-6)
+    assert int(graphed.t) == 24
+    torch.testing.assert_close(loop_outputs(model, tokens, graphed.reset()), want, rtol=1e-5, atol=1e-6)
+
+
+def test_used_on_cuda_for_linear_models_only(monkeypatch):
+    model, cuda = linear_model(), torch.device("cuda")
+    assert use_graphs(model, cuda)
+    assert not use_graphs(model, torch.device("cpu"))
+    assert not use_graphs(linear_model(attention="softmax"), cuda)
+    monkeypatch.setenv("IMAGEGEN_CUDA_GRAPHS", "0")
+    assert not use_graphs(model, cuda)
+    step = make_step(model, 2, "cpu", torch.float32)
+    assert not isinstance(step, GraphedStep)                      # the CPU runs the per-module loop
+    assert not hasattr(model, "graphed_steps")
+
+
+def test_refuses_the_fused_cpu_state(monkeypatch):
+    model = linear_model()
+    monkeypatch.setattr(model.blocks[0].attn, "init_state", lambda *a: {"fused": torch.zeros(1)})
+    with pytest.raises(ValueError, match="PyTorch form"):
+        GraphedStep(model, 2, "cpu", torch.float32, compile=False)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@torch.no_grad()
+def test_cuda_graph_step_equals_eager():
+    model = linear_model(impl="auto", device="cuda")
+    tokens = torch.randint(0, 257, (4, 24), device="cuda")
+    want = loop_outputs(model, tokens, GraphedStep(model, 4, "cuda", torch.float32, compile=False))
+    step = make_step(model, 4, "cuda", torch.float32)
+    assert isinstance(step, GraphedStep)
+    for _ in range(2):                                            # a second pass replays after reset
+        torch.testing.assert_close(loop_outputs(model, tokens, step), want, rtol=1e-4, atol=1e-5)
+        step = make_step(model, 4, "cuda", torch.float32)

@@ -66,20 +66,32 @@ def teardown(world):
         dist.destroy_process_group()
 
 
-def collective(fn):
+COMM_ERRORS = ("gloo", "nccl", "connection", "timed out", "timeout", "broken pipe", "peer")
+
+
+def lost(world, e):
+    """The UserError for a RuntimeError raised by a collective (ours or DDP's) when a rank died or hung;
+    None for any other error (a bug to show in full)."""
+    text = str(e).strip()
+    if not world.distributed or not (isinstance(e, dist.DistError) or any(w in text.lower() for w in COMM_ERRORS)):
+        return None
+    first = text.splitlines()[0][:160] if text else type(e).__name__
+    return UserError(f"another training process stopped or stopped answering ({first}); run the same "
+                     f"command again to resume from the last checkpoint.")
+
+
+def collective(world, fn):
     """Run a collective; a rank that died turns the timeout or broken connection into one sentence."""
     try:
         return fn()
-    except (RuntimeError, dist.DistBackendError) as e:
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise UserError(f"another training process stopped or stopped answering ({first}); run the same "
-                        f"command again to resume from the last checkpoint.") from None
+    except RuntimeError as e:
+        raise (lost(world, e) or e) from None
 
 
 def reduce_(world, values, op):
     t = torch.tensor(values, dtype=torch.float64, device=world.device)
     if world.distributed:
-        collective(lambda: dist.all_reduce(t, op=op))
+        collective(world, lambda: dist.all_reduce(t, op=op))
     return t.tolist()
 
 

@@ -71,6 +71,8 @@ def train(cfg, device):
         run_dir.mkdir(parents=True, exist_ok=True)
         with folder_lock(run_dir) if world.main else nullcontext():
             return Trainer(cfg, device, world, run_dir).run()
+    except RuntimeError as e:                  # DDP's gradient all-reduce when another rank died
+        raise (distributed.lost(world, e) or e) from None
     finally:
         distributed.teardown(world)
 

@@ -1,0 +1,142 @@
+"""Training and evaluation on 2 CPU processes (gloo), as torchrun runs them: the same result as one
+process, resume at another world size, and a bounded, one-sentence exit when a rank dies."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from test_cli import TINY, run
+
+# 10 steps of a tiny model; global batch 4 = 2 per rank on 2 processes; a constant learning rate after
+# warmup, so that a run stopped by train.max_steps=5 is the first half of a 10-step run
+TRAIN = ["model=linear", *TINY, "train.val_every=1000", "train.sample_every=0", "train.save_every=5",
+         "train.max_steps=10", "train.min_lr_ratio=1.0"]
+TOL = dict(rtol=1e-4, atol=1e-5)   # float32 round-off: the two runs sum the same gradients in another order
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args, nproc=2):
+    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    proc = subprocess.run([exe, "--standalone", f"--nproc_per_node={nproc}", "-m", *args], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def ranks(module, *args, world=2, timeout_s=None):
+    """The processes torchrun would start (RANK, WORLD_SIZE, MASTER_* in the environment), started by
+    hand so that a test can signal one of them."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        if timeout_s:
+            env["IMAGEGEN_DIST_TIMEOUT"] = str(timeout_s)
+        procs.append(subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def losses(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def weights(run_dir):
+    return torch.load(run_dir / "last.pt", weights_only=True)["model"]
+
+
+def assert_close_runs(a, b):
+    la, lb = losses(a), losses(b)
+    assert la.keys() == lb.keys() == set(range(1, 11))
+    for step in la:
+        assert la[step] == pytest.approx(lb[step], rel=1e-5), step
+    wa, wb = weights(a), weights(b)
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], **TOL, msg=name)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_and_resume_at_another_world_size(mnist_root, tmp_path):
+    one, two, switched = tmp_path / "one", tmp_path / "two", tmp_path / "switched"
+    run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={one}")
+    torchrun("imagegen.train", *TRAIN, f"data.root={mnist_root}", f"run_dir={two}")
+    assert_close_runs(one, two)
+    assert [json.loads(line)["step"] for line in (two / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line] == list(range(1, 11))      # rank 0 alone writes: one row per step
+
+    # started on 2 processes, stopped at step 5, resumed on 1: ends where the 2-process run ends
+    torchrun("imagegen.train", *TRAIN, f"data.root={mnist_root}", f"run_dir={switched}", "train.max_steps=5")
+    proc = run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={switched}")
+    assert "at step 5" in proc.stdout
+    assert_close_runs(two, switched)
+
+
+@pytest.mark.slow
+def test_distributed_eval_equals_one_process(mnist_root, tmp_path):
+    run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=2")
+    ck = tmp_path / "last.pt"
+    run("imagegen-eval", f"checkpoint={ck}", "progress=false", "threads=1")
+    single = json.loads((tmp_path / "last.test.json").read_text())["bits_per_dim"]
+    (tmp_path / "last.test.json").unlink()
+    torchrun("imagegen.evaluate", f"checkpoint={ck}", "progress=false", "threads=1")
+    double = json.loads((tmp_path / "last.test.json").read_text())
+    assert double["images"] == 16
+    assert abs(double["bits_per_dim"] - single) < 1e-9
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_other_in_one_sentence(mnist_root, tmp_path):
+    args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
+            "train.save_every=3"]
+    rank0, rank1 = ranks("imagegen.train", *args, timeout_s=30)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (tmp_path / "last.pt").exists():
+        time.sleep(0.1)
+    rank1.send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    out, err = rank0.communicate(timeout=120)
+    assert time.time() - killed_at < 60                    # bounded by the collective timeout, not forever
+    assert rank0.returncode != 0
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "another training process stopped" in lines[0], err
+    assert "Traceback" not in err
+    step = torch.load(tmp_path / "last.pt", weights_only=True)["state"]["step"]
+    proc = run("imagegen-train", *args[:-2], f"data.root={mnist_root}", f"train.max_steps={step + 2}")
+    assert f"at step {step}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_job_stops_every_rank_at_one_step(mnist_root, tmp_path):
+    args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
+            "train.save_every=100000"]
+    procs = ranks("imagegen.train", *args)
+    deadline = time.time() + 300
+    while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and losses(tmp_path)):
+        time.sleep(0.1)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert "stopped by SIGTERM" in outs[0][0]
+    step = torch.load(tmp_path / "last.pt", weights_only=True)["state"]["step"]
+    assert step >= 1 and all(p.returncode != 0 for p in procs)
+
+
+def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):
+    procs = ranks("imagegen.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}", f"run_dir={tmp_path}")
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode != 0
+        assert err.strip() == "error: train.batch_size=5 does not divide among 2 processes; use a multiple of 2.", err

@@ -27,8 +27,9 @@ def check_choices(argv, groups, config_name):
             raise UserError(f"run_dir {value} is a file, not a folder; choose another run_dir=...")
         if key in groups and value:
             valid = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
-            if value not in valid:
-                raise UserError(f"unknown {key} {value!r}; choose one of: {', '.join(valid)}.")
+            for choice in value.split(","):                          # a -m sweep: model=linear,softmax
+                if choice not in valid:
+                    raise UserError(f"unknown {key} {choice!r}; choose one of: {', '.join(valid)}.")
 
 
 def compose(config_name, overrides):

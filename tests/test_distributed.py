@@ -140,3 +140,9 @@ def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):
         _, err = p.communicate(timeout=300)
         assert p.returncode != 0
         assert err.strip() == "error: train.batch_size=5 does not divide among 2 processes; use a multiple of 2.", err
+
+
+def test_slurm_launcher_config_composes():
+    """conf/hydra/launcher/slurm.yaml extends Hydra's submitit launcher (the slurm extra, in dev)."""
+    proc = run("imagegen-train", "hydra/launcher=slurm", "--cfg", "hydra")
+    assert "SlurmLauncher" in proc.stdout and "gpus_per_node: 1" in proc.stdout

@@ -47,8 +47,12 @@ def task(c, device):
 
 
 main = hydra_entry("bench", task, groups=("model", "data", "preset"),
-                   description="speed benchmarks (attention kernels, training step, sampling) and the paper's comparison table; Markdown tables and JSON in out_dir.",
-                   examples=['imagegen-bench mode=sampling preset=paper_mnist data=mnist threads=2', 'imagegen-bench mode=attention threads=2', 'imagegen-bench mode=train_step preset=small threads=2', 'imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] eval_data.root=../shared/data/mnist'])
+                   description="speed benchmarks (attention kernels, training step, sampling) and the paper's "
+                               "comparison table; Markdown tables, JSON and plots in out_dir.",
+                   examples=["imagegen-bench mode=sampling preset=paper_mnist data=mnist threads=2",
+                             "imagegen-bench mode=attention threads=2",
+                             "imagegen-bench mode=train_step preset=small threads=2",
+                             "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000"])
 
 if __name__ == "__main__":
     main()

@@ -109,7 +109,7 @@ class SampleConfig:
     num_images: int = opt(64, "grid mode: images to sample")
     num_originals: int = opt(8, "complete mode: test images, one row each")
     completions: int = opt(5, "complete mode: samples per test image")
-    out: str = opt("samples.png", "PNG to write")
+    out: Optional[str] = opt(None, "PNG to write (null: <checkpoint stem>-<mode>.png beside the checkpoint)")
     nrow: int = opt(8, "grid mode: images per row")
     scale: int = opt(4, "nearest-neighbour upscaling of the PNG")
     save_each: bool = opt(False, "also write one PNG per sampled image into <out without .png>/")

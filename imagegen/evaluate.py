@@ -52,8 +52,10 @@ def evaluate_on(cfg, device, world):
 
 
 main = hydra_entry("eval", evaluate,
-                   description='exact bits/dim of a checkpoint on a data split; writes <checkpoint>.<split>.json beside it.',
-                   examples=['imagegen-eval checkpoint=checkpoints/mnist-linear-small/best.pt data.root=../shared/data/mnist', 'imagegen-eval checkpoint=run/last.pt split=val max_images=500'])
+                   description="exact bits/dim of a checkpoint on a data split; writes <checkpoint>.<split>.json "
+                               "beside it.",
+                   examples=["imagegen-eval checkpoint=checkpoints/mnist-linear-small/best.pt",
+                             "imagegen-eval checkpoint=run/last.pt split=val max_images=500"])
 
 if __name__ == "__main__":
     main()

@@ -22,7 +22,7 @@ def run_sample(cfg, device):
     label = sampler_label(model, sampler)
     common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
                   progress=cfg["progress"])
-    out = Path(cfg["out"])
+    out = Path(cfg["out"] or path.with_name(f"{path.stem}-{cfg['mode']}.png"))   # default: beside the checkpoint
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":
@@ -55,7 +55,8 @@ def run_sample(cfg, device):
 
 main = hydra_entry("sample", run_sample,
                    description='sample an image grid, or completions of test images, from a checkpoint.',
-                   examples=['imagegen-sample checkpoint=checkpoints/mnist-linear-small/best.pt num_images=64 out=grid.png', 'imagegen-sample checkpoint=run/best.pt mode=complete data.root=../shared/data/mnist'])
+                   examples=["imagegen-sample checkpoint=checkpoints/mnist-linear-small/best.pt num_images=64",
+                             "imagegen-sample checkpoint=run/best.pt mode=complete out=complete.png"])
 
 if __name__ == "__main__":
     main()

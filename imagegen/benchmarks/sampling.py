@@ -16,6 +16,8 @@ import time
 import numpy as np
 import torch
 
+from ..errors import UserError
+from ..memory import check_batch_fits
 from ..model import build_model
 from ..sampling import decode_step, fill_step, recompute_step
 from .. import plots
@@ -106,6 +108,11 @@ def run(cfg, model_cfg, info):
                     kv_cache_bytes(model_cfg, info, batch) > cfg["max_cache_gb"] * 2 ** 30:
                 print(f"{name}: skipping batch {batch} (KV cache over {cfg['max_cache_gb']} GiB)")
                 continue
+            try:
+                check_batch_fits(model, batch, sampler, torch.device("cpu"))
+            except UserError as e:
+                print(f"{name}: skipping batch {batch} ({e})")
+                continue
             seconds, lat = measure(model, sampler, batch, positions, cfg["reps"])
             at = dict(zip(positions, lat))
             row = {"method": name, "batch": batch, "seconds_per_batch": seconds,
@@ -120,6 +127,9 @@ def run(cfg, model_cfg, info):
             curves[(name, batch)] = lat
             print(f"{name:18s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
                   f"(step {row['step_ms_first']:.2f} -> {row['step_ms_last']:.2f} ms)", flush=True)
+    if not results:
+        raise UserError("every batch size was skipped (see the lines above), so there is nothing to report; "
+                        "add smaller step_batches or recompute_batches, or raise max_cache_gb.")
     best = {}
     for row in results:
         if row["method"] not in best or row["images_per_sec"] > best[row["method"]]["images_per_sec"]:

@@ -1,0 +1,48 @@
+"""What a new user meets: help that explains every option, an honest progress bar, outputs in
+predictable places."""
+import re
+
+import pytest
+
+from imagegen.config import SCHEMAS, describe
+from imagegen.runstate import Budget, RunState
+from test_cli import TINY, one_line_error, run
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_help_describes_every_option(name):
+    out = run(f"imagegen-{name}", "--help").stdout
+    assert out.startswith(f"imagegen-{name}: ")
+    for key, kind, text in describe(SCHEMAS[name]):
+        assert text, f"{name}: {key} has no help sentence"
+        assert f"  {key}: {kind} = " in out and text in out, key
+    assert "examples:" in out
+
+
+def test_commands_take_only_their_config_groups():
+    out = run("imagegen-sample", "--help").stdout
+    assert "config groups" not in out and "preset" not in out
+    one_line_error(run("imagegen-eval", "preset=small", check=False), "imagegen-eval takes no preset=...")
+
+
+def test_progress_total_follows_the_time_budget():
+    budget = Budget(max_steps=100_000, max_minutes=4)
+    state = RunState(step=156, elapsed=120.0)
+    assert budget.expected_total(state, seconds_per_step=1.0) == 156 + 120     # 2 minutes left at 1 s/step
+    assert Budget(200, 4).expected_total(state, 1.0) == 200                   # the step budget binds first
+    assert Budget(300, None).expected_total(state, 1.0) == 300
+
+
+@pytest.mark.slow
+def test_progress_bar_under_a_minute_budget(mnist_root, tmp_path):
+    proc = run("imagegen-train", "model=linear", f"data.root={mnist_root}", f"run_dir={tmp_path}", *TINY[:-1],
+               "train.max_minutes=0.05", "train.val_every=100000", "train.sample_every=0", "train.progress=true")
+    totals = [int(t) for t in re.findall(r"\d+/(\d+) \[", proc.stderr)]
+    assert totals and totals[-1] < 100_000 and totals[-1] == int(re.findall(r"(\d+)/\d+ \[", proc.stderr)[-1])
+
+
+def test_sample_writes_beside_the_checkpoint_by_default(tmp_path):
+    from test_reliability import tiny_checkpoint
+    path = tiny_checkpoint(tmp_path / "best.pt")
+    proc = run("imagegen-sample", f"checkpoint={path}", "num_images=2", "progress=false")
+    assert (tmp_path / "best-grid.png").exists() and f"wrote {tmp_path / 'best-grid.png'}" in proc.stdout

@@ -8,7 +8,7 @@ main = hydra_entry(
                 "run_dir/last.pt.",
     examples=["imagegen-train model=linear data.root=../shared/data/mnist train.max_minutes=15",
               "imagegen-train model=softmax data=cifar10 data.root=../shared/data/cifar10 preset=paper_cifar",
-              "torchrun --standalone --nproc_per_node=2 imagegen-train threads=1"])
+              "torchrun --standalone --nproc_per_node=2 --no-python imagegen-train threads=1"])
 
 if __name__ == "__main__":
     main()

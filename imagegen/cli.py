@@ -1,12 +1,12 @@
 """What every entry point shares: Hydra wiring, config-name checks, devices, one-line errors."""
 import sys
-from pathlib import Path
 
 import torch
 
 from .errors import UserError
+from .paths import data_dir
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = data_dir("conf")  # shipped inside the package by a wheel, else the source tree's
 
 
 def check_choices(argv, groups):
@@ -27,9 +27,6 @@ def hydra_entry(config_name, task, groups=()):
 
     def main():
         try:
-            if not CONF_DIR.is_dir():
-                raise UserError(f"config folder {CONF_DIR} is missing; install imagegen from its source tree "
-                                f"with pip install -e .")
             check_choices(sys.argv[1:], groups)
         except UserError as e:
             sys.exit(f"error: {e}")

@@ -153,7 +153,7 @@ def locked_build(build_dir, build, load, what, duration="about a minute"):
         if done.is_file():  # built by the process we waited for
             return load()
         stale = build_dir / "lock"
-        if stale.exists():
+        if fcntl is not None and stale.exists():  # without our lock, it may be a live build's
             say(f"removing torch's build lock {stale}, left by a build that was killed")
             stale.unlink(missing_ok=True)
         say(f"compiling {what} (first use, {duration}) ...")

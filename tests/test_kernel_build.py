@@ -47,7 +47,7 @@ def env(**extra):
 def start(args, log, **extra_env):
     """A subprocess in its own session (so its compiler children can be killed with it), stderr to `log`."""
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=open(log, "w"), text=True,
-                            env=env(**extra_env), start_new_session=True)
+                            env=env(**extra_env), cwd=ROOT, start_new_session=True)
 
 
 def wait_for(condition, timeout, what):
@@ -200,7 +200,7 @@ def test_real_kernel_build_killed_concurrent_and_reused(tmp_path):
         assert p.stdout.read().strip() == "kernel ok"
 
     fourth = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True,
-                            env=env(**run), timeout=120)
+                            env=env(**run), cwd=ROOT, timeout=120)
     assert fourth.returncode == 0 and fourth.stdout.strip() == "kernel ok", fourth.stderr
     assert "imagegen:" not in fourth.stderr              # reused silently
     assert len(list(ext.iterdir())) == 1                 # one hashed folder

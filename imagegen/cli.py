@@ -6,8 +6,9 @@ import torch
 
 from . import config
 from .errors import UserError
+from .paths import data_dir
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = data_dir("conf")  # shipped inside the package by a wheel, else the source tree's
 GROUPS = ("model", "data", "preset")      # config groups; a command takes those it names
 
 

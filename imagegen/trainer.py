@@ -122,9 +122,10 @@ class Trainer:
 
     def prebuild_kernels(self):
         """Build the C++ kernel (first use: a minute) now, so its time stays out of the budget and the rate."""
-        if self.cfg["model"]["attention"] == "linear":
-            from .ops import kernel_error
-            kernel_error(self.device.type)
+        m = self.cfg["model"]
+        if m["attention"] == "linear" and m["attention_options"].get("impl", "auto") in ("auto", "kernel"):
+            from .ops.kernel import ensure_kernel
+            ensure_kernel(self.device.type)
 
     def save(self, name):
         if self.world.main:

@@ -5,15 +5,23 @@ V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M), with
 recurrent forward and the constant-memory backward of Algorithm 1.
 
 The C++ source (CPU: float32, float64, and bfloat16 summed in float32) is built with
-torch.utils.cpp_extension.load the first time it is needed, into torch's default extension
-dir (reused across processes);
-the CUDA source (float32/float16/bfloat16) only when this torch has CUDA. A failed or
-impossible build is tried once per process: `load_kernel` then raises KernelUnavailable
-naming the cause, and `kernel_error` returns it, so callers can fall back loudly.
+torch.utils.cpp_extension.load the first time it is needed, into a folder of torch's extension
+root (TORCH_EXTENSIONS_DIR, else torch's default) named by a hash of the sources, the compile
+flags, torch and Python (`build_key`): checkouts with other sources never build over each other,
+and an unchanged one reuses its build in every later process without a compiler. A real compile
+says so on stderr, before and after; concurrent processes take turns through an OS file lock
+that dies with its holder (`locked_build`), so a killed build never leaves a lock that stops
+the next one. The CUDA source (float32/float16/bfloat16) is built only when this torch has
+CUDA. A failed or impossible build is tried once per process: `load_kernel` then raises
+KernelUnavailable naming the cause, and `kernel_error` returns it, so callers can fall back
+loudly; `ensure_kernel` builds up front, so that callers can keep the build out of their timing.
 Set IMAGEGEN_DISABLE_KERNEL=1 to never build (the chunked form is used instead).
 """
+import hashlib
+import importlib.util
 import os
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -21,8 +29,17 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+from ..paths import data_dir
+
+try:
+    import fcntl
+except ImportError:  # Windows: no OS file lock here, builds are not serialised across processes
+    fcntl = None
+
+CSRC = data_dir("csrc")
 SOURCES = {"cpu": ["causal_product.cpp"], "cuda": ["causal_product_cuda.cu"]}
+HEADERS = ["qkv_checks.h"]  # included by both sources: part of the build key
+BUILD_TIME = {"cpu": "about a minute", "cuda": "several minutes"}
 DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
           "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 MAX_CUDA_DIM = 256  # largest E and M the CUDA kernel supports (csrc/causal_product_cuda.cu)
@@ -36,7 +53,7 @@ class KernelUnavailable(RuntimeError):
 
 
 def _build(device_type):
-    """Compile and import the extension for 'cpu' or 'cuda'; raise KernelUnavailable."""
+    """Compile (or reuse the build of) and import the extension for 'cpu' or 'cuda'; raise KernelUnavailable."""
     from torch.utils import cpp_extension
 
     if os.environ.get("IMAGEGEN_DISABLE_KERNEL", "") not in ("", "0"):
@@ -44,7 +61,7 @@ def _build(device_type):
     if device_type not in SOURCES:
         raise KernelUnavailable(f"no compiled causal product for device type {device_type!r}")
     sources = [CSRC / s for s in SOURCES[device_type]]
-    missing = [str(s) for s in sources if not s.is_file()]
+    missing = [str(s) for s in sources + [CSRC / h for h in HEADERS] if not s.is_file()]
     if missing:
         raise KernelUnavailable(f"kernel sources not found: {', '.join(missing)}")
     cxx = os.environ.get("CXX", "c++")
@@ -64,13 +81,19 @@ def _build(device_type):
         # nvcc's -O sets host-code optimisation only (device code is optimised regardless);
         # leaving it out saves minutes of gcc time on torch's headers.
         kwargs["extra_cuda_cflags"] = []
-    name = f"imagegen_causal_product_{device_type}"
+    key = build_key(sources + [CSRC / h for h in HEADERS], cxx, cflags, ldflags, kwargs,
+                    cpp_extension.CUDA_HOME if device_type == "cuda" else None)
+    name = f"imagegen_causal_product_{device_type}_{key}"  # module name and folder name
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    remove_stale_lock(Path(root) / name / "lock")
+    build_dir = Path(root) / name
+
+    def build():
+        return cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=cflags,
+                                  extra_ldflags=ldflags, build_directory=str(build_dir), verbose=False, **kwargs)
+
     try:
-        return cpp_extension.load(name=name,
-                                  sources=[str(s) for s in sources], extra_cflags=cflags,
-                                  extra_ldflags=ldflags, verbose=False, **kwargs)
+        return locked_build(build_dir, build, lambda: import_built(name, build_dir / f"{name}.so"),
+                            what=f"the C++ kernel for {device_type}", duration=BUILD_TIME[device_type])
     except Exception as exc:  # compiler errors, ninja missing, import errors, ...
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         errors = [ln for ln in lines if "error:" in ln.lower()]  # the compiler's first diagnostic
@@ -79,18 +102,74 @@ def _build(device_type):
         raise KernelUnavailable(f"building the {device_type} extension failed: {detail}") from exc
 
 
-def remove_stale_lock(lock, max_age_s=3600):
-    """torch leaves `lock` behind when a building process is killed, and every later build then
-    waits on it forever; a lock older than any real build (a CUDA build took 14 minutes on a
-    loaded 2-core machine) is removed, with a warning."""
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > max_age_s:
-        warnings.warn(f"imagegen: removing a stale extension build lock {lock} ({age / 60:.0f} min old)",
-                      RuntimeWarning, stacklevel=2)
-        lock.unlink(missing_ok=True)
+def build_key(files, *settings):
+    """12 hex digits naming a build: a hash of the files' names and contents, the settings
+    (compiler, flags, ...), torch's version and the Python ABI the module is built for."""
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{Path(f).name}\0".encode())
+        digest.update(Path(f).read_bytes())
+    digest.update(repr((settings, torch.__version__, torch.version.git_version,
+                        sys.implementation.cache_tag)).encode())
+    return digest.hexdigest()[:12]
+
+
+def import_built(name, path):
+    """Import the extension module `name` from its built library `path` (what cpp_extension.load
+    does once the library is up to date, without running ninja and the compiler checks first)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def locked_build(build_dir, build, load, what, duration="about a minute"):
+    """`build()` into build_dir at most once across processes, then `load()` the result.
+
+    A file `done` in build_dir marks a finished build: when present, `load()` runs at once,
+    silently. Otherwise the builder holds an OS lock (flock on build_dir/imagegen.lock, released
+    by the kernel when its process ends, however it ends) while it compiles, with a line on stderr
+    before and after; a process that finds the lock taken says it waits, waits, and then loads
+    the result. torch's own lock file (build_dir/lock, which cpp_extension.load leaves behind
+    when killed, and then waits on for good) is removed when found while we hold our lock: its
+    owner must have died, since every builder takes our lock first.
+    """
+    done = build_dir / "done"
+    if done.is_file():
+        return load()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "imagegen.lock", "a+") as lock:
+        if fcntl is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                owner = lock.read().strip() or "?"
+                say(f"waiting for process {owner}, which is compiling {what} in {build_dir} ...")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            lock.truncate(0)
+            lock.write(str(os.getpid()))
+            lock.flush()
+        if done.is_file():  # built by the process we waited for
+            return load()
+        stale = build_dir / "lock"
+        if fcntl is not None and stale.exists():  # without our lock, it may be a live build's
+            say(f"removing torch's build lock {stale}, left by a build that was killed")
+            stale.unlink(missing_ok=True)
+        say(f"compiling {what} (first use, {duration}) ...")
+        start = time.perf_counter()
+        try:
+            module = build()
+        except BaseException:
+            say(f"compiling {what} failed after {time.perf_counter() - start:.0f} s")
+            raise
+        done.write_text(f"built by process {os.getpid()} in {time.perf_counter() - start:.0f} s\n")
+        say(f"compiling {what} done in {time.perf_counter() - start:.0f} s")
+        return module
+
+
+def say(line):
+    print(f"imagegen: {line}", file=sys.stderr, flush=True)
 
 
 def load_kernel(device_type):
@@ -120,6 +199,12 @@ def kernel_error(device_type, warn=False):
             warnings.warn(f"imagegen: causal product kernel unavailable on {device_type} ({exc}); "
                           f"falling back to the chunked PyTorch form.", RuntimeWarning, stacklevel=4)
         return str(exc)
+
+
+def ensure_kernel(device_type):
+    """Build (or load) the kernel for device_type now, before anything is timed: the first
+    build takes a minute or more. None when the kernel is usable, else why not (warned once)."""
+    return kernel_error(device_type, warn=True)
 
 
 def kernel_unsupported(q, v):

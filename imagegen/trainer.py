@@ -123,9 +123,10 @@ class Trainer:
     def prebuild_kernels(self):
         """Build the C++ kernel (first use: a minute) now, so its time stays out of the budget and the rate."""
         m = self.cfg["model"]
-        if m["attention"] == "linear" and m["attention_options"].get("impl", "auto") in ("auto", "kernel"):
+        if (self.device.type == "cpu" and m["attention"] == "linear"
+                and m["attention_options"].get("impl", "auto") in ("auto", "kernel")):
             from .ops.kernel import ensure_kernel
-            ensure_kernel(self.device.type)
+            ensure_kernel("cpu")
 
     def save(self, name):
         if self.world.main:

@@ -89,13 +89,9 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
+class CheckpointCommand:
+    """What eval and sample share: a checkpoint, where to run, and a dataset override."""
     checkpoint: str = opt(MISSING, "path of a .pt checkpoint written by imagegen-train")
-    split: str = opt("test", "test, val or train")
-    batch_size: int = opt(32, "images per forward pass")
-    max_images: Optional[int] = opt(None, "evaluate only the first N images (null: all)")
-    lsh_draws: int = opt(1, "LSH: average the NLL over this many seeded hash draws")
-    lsh_seed: int = opt(0, "LSH: seed of the first hash draw")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N")
     threads: int = opt(0, "CPU threads for torch (0: torch's default)")
     progress: bool = opt(True, "show a progress bar")
@@ -103,8 +99,16 @@ class EvalConfig:
 
 
 @dataclass
-class SampleConfig:
-    checkpoint: str = opt(MISSING, "path of a .pt checkpoint written by imagegen-train")
+class EvalConfig(CheckpointCommand):
+    split: str = opt("test", "test, val or train")
+    batch_size: int = opt(32, "images per forward pass")
+    max_images: Optional[int] = opt(None, "evaluate only the first N images (null: all)")
+    lsh_draws: int = opt(1, "LSH: average the NLL over this many seeded hash draws")
+    lsh_seed: int = opt(0, "LSH: seed of the first hash draw")
+
+
+@dataclass
+class SampleConfig(CheckpointCommand):
     mode: str = opt("grid", "grid: unconditional samples; complete: keep the top half of test images, sample the rest")
     num_images: int = opt(64, "grid mode: images to sample")
     num_originals: int = opt(8, "complete mode: test images, one row each")
@@ -117,10 +121,6 @@ class SampleConfig:
     batch_size: int = opt(64, "images sampled together")
     temperature: float = opt(1.0, "sampling temperature (> 0; 1 samples the model's distribution)")
     seed: int = opt(0, "seed of the draws")
-    device: str = opt("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
-    progress: bool = opt(True, "show a progress bar")
-    data: DataOverride = field(default_factory=DataOverride)
 
 
 @dataclass

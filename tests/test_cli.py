@@ -42,6 +42,7 @@ def test_train_resume_eval_mnist(mnist_root, tmp_path):
     assert torch.load(run_dir / "last.pt", weights_only=True)["state"]["step"] == 6
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert list(run_dir.glob("events.out.tfevents.*"))       # TensorBoard (installed by the dev extra)
 
     proc = run("imagegen-eval", f"checkpoint={run_dir / 'last.pt'}", "batch_size=8", "progress=false")
     last = proc.stdout.strip().splitlines()[-1]

@@ -13,7 +13,7 @@ from .allocator import keep_freed_memory
 from .data import dataset_info, load_from_config
 from .errors import UserError
 from .model import build_model
-from .precision import autocast, use_bf16
+from .precision import autocast, bf16_reason, use_bf16
 
 LN2 = math.log(2)
 
@@ -82,7 +82,7 @@ def train(cfg, device):
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{cfg['model']['attention']} model, {n_params / 1e6:.2f}M parameters, {len(x_train)} training images "
           f"of {info.length} sub-pixels, device {device}"
-          f"{' (bfloat16 autocast)' if bf16 else ''}, run dir {run_dir}")
+          f", {bf16_reason(t['bf16'], device)}, run dir {run_dir}")
 
     def save(name):
         checkpoint.save(run_dir / name, {"config": cfg, "model": model.state_dict(), "optimizer": opt.state_dict(),

@@ -29,6 +29,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -583,18 +584,31 @@ void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
 // embedded input token. layers: per block [ln1 weight, bias, qkv W, b, out W, b, ln2 weight, bias,
 // ff1 W, b, ff2 W, b, decoding state], Dense weights stored (in, out). head: [ln_f weight, bias,
 // proj W, b]. -> distribution parameters (N, P); the states advance in place.
+// The blocks' Dense weights may be bfloat16 while h and the rest are float32 (bfloat16 decoding):
+// then the LayerNorm outputs are rounded to bfloat16 for the products, the attention reads bfloat16
+// q, k, v into its float32 state, and each block's output (bfloat16) is added to the float32 h.
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps) {
   TORCH_CHECK(h.dim() == 2 && head.size() == 4 && n_heads > 0 && h.size(1) % n_heads == 0,
               "decode_step: h must be (N, D) with D divisible by n_heads, and head hold 4 tensors");
   const int64_t N = h.size(0), D = h.size(1), E = D / n_heads;
+  // h + x W + b: one addmm into h when W is h's dtype, else the product in W's dtype added to h.
+  auto add_product = [&](const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+    return W.scalar_type() == h.scalar_type() ? at::addmm(h, x, W).add_(b) : at::add(h, at::addmm(b, x, W));
+  };
   for (const auto& w : layers) {
     TORCH_CHECK(w.size() == 13, "decode_step: each layer takes 13 tensors");
-    auto qkv = at::addmm(w[3], at::layer_norm(h, {D}, w[0], w[1], ln_eps), w[2]).view({N, 3, n_heads, 1, E});
+    const auto dtype = w[2].scalar_type();  // the products' dtype
+    TORCH_CHECK(w[3].scalar_type() == dtype && w[4].scalar_type() == dtype && w[5].scalar_type() == dtype &&
+                    w[8].scalar_type() == dtype && w[9].scalar_type() == dtype && w[10].scalar_type() == dtype &&
+                    w[11].scalar_type() == dtype,
+                "decode_step: a block's Dense weights and biases must share one dtype");
+    auto x = at::layer_norm(h, {D}, w[0], w[1], ln_eps).to(dtype);
+    auto qkv = at::addmm(w[3], x, w[2]).view({N, 3, n_heads, 1, E});
     auto a = std::get<0>(attention_forward_cpu(qkv.select(1, 0), qkv.select(1, 1), qkv.select(1, 2), eps, w[12]));
-    h = at::addmm(h, a.reshape({N, D}), w[4]).add_(w[5]);                    // h + attention out W + b
-    auto f = at::addmm(w[9], at::layer_norm(h, {D}, w[6], w[7], ln_eps), w[8]);
-    h = at::addmm(h, at::gelu_(f), w[10]).add_(w[11]);                        // h + GELU(ff1) W + b
+    h = add_product(a.reshape({N, D}), w[4], w[5]);                          // h + attention out W + b
+    auto f = at::addmm(w[9], at::layer_norm(h, {D}, w[6], w[7], ln_eps).to(dtype), w[8]);
+    h = add_product(at::gelu_(f), w[10], w[11]);                             // h + GELU(ff1) W + b
   }
   return at::addmm(head[3], at::layer_norm(h, {D}, head[0], head[1], ln_eps), head[2]);
 }

@@ -156,3 +156,23 @@ def test_eval_precision_option(mnist_root, tmp_path):
     assert abs(bpd["bfloat16"] - bpd["float32"]) < 0.02 and bpd["bfloat16"] != bpd["float32"]
     one_line_error(run("imagegen-eval", f"checkpoint={tmp_path / 'last.pt'}", "precision=half", check=False),
                    "precision must be one of float32, bfloat16, auto")
+
+
+@pytest.mark.parametrize("N, K, O, dtype", [(1, 256, 1024, torch.bfloat16), (3, 1024, 256, torch.bfloat16),
+                                             (4, 64, 192, torch.bfloat16), (6, 64, 128, torch.bfloat16),
+                                             (2, 64, 100, torch.bfloat16), (2, 64, 128, torch.float32)])
+def test_decode_linear_against_float64(N, K, O, dtype):
+    """The decoding step's small-batch product (C++; its own bfloat16 loop for up to 4 rows and
+    O a multiple of 64, torch's addmm otherwise) against the float64 product of the same values:
+    off by no more than the output's rounding (2^-8 relative for bfloat16) plus float32 summing."""
+    from imagegen.ops.kernel import kernel_error, load_kernel
+    if kernel_error("cpu") is not None:
+        pytest.skip("the CPU kernel is unavailable")
+    g = torch.Generator().manual_seed(N * K + O)
+    x = torch.randn(N, K, generator=g)
+    W, b = torch.randn(K, O, generator=g).to(dtype), torch.randn(O, generator=g).to(dtype)
+    got = load_kernel("cpu").decode_linear(x, W, b)
+    assert got.dtype == dtype and got.shape == (N, O)
+    exact = torch.addmm(b.double(), x.to(dtype).double(), W.double())
+    rel = 2.0 ** -8 if dtype == torch.bfloat16 else 1e-6
+    assert ((got.double() - exact).abs() <= rel * exact.abs() + 1e-5 * K ** 0.5).all()

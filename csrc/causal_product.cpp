@@ -646,9 +646,20 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
   if (W.scalar_type() != at::kBFloat16 || N > kLinMaxRows || O % kLinCols || !W.is_contiguous() ||
       !b.is_contiguous() || b.scalar_type() != at::kBFloat16 || b.numel() != O || W.size(0) != K)
     return at::addmm(b, x.to(W.scalar_type()), W);
-  const auto xf = x.to(at::kBFloat16).to(at::kFloat).contiguous();  // rounded as torch.addmm would take it
+  // x as torch.addmm(b, x.to(bfloat16), W) would take it: rounded to bfloat16, here widened again to float32
+  const auto xc = x.contiguous();
+  std::vector<float> xf(N * K);
+  if (xc.scalar_type() == at::kBFloat16) {
+    const auto* xp = xc.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < N * K; ++i) xf[i] = static_cast<float>(xp[i]);
+  } else if (xc.scalar_type() == at::kFloat) {
+    const auto* xp = xc.data_ptr<float>();
+    for (int64_t i = 0; i < N * K; ++i) xf[i] = static_cast<float>(c10::BFloat16(xp[i]));
+  } else {
+    return at::addmm(b, x.to(W.scalar_type()), W);
+  }
   auto out = at::empty({N, O}, W.options());
-  const float* xp = xf.data_ptr<float>();
+  const float* xp = xf.data();
   const auto *Wp = W.data_ptr<c10::BFloat16>(), *bp = b.data_ptr<c10::BFloat16>();
   auto* op = out.data_ptr<c10::BFloat16>();
   // split columns over threads only where each gets at least ~256 KiB of W to stream

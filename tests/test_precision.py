@@ -100,14 +100,17 @@ def assert_close_distributions(model, got, want):
     assert (p - q).abs().sum(-1).max().item() / 2 < MAX_TV
 
 
-@pytest.mark.parametrize("attention, whole_model_kernel, impl", [
-    ("linear", True, "auto"),        # the one-call C++ step
-    ("linear", False, "auto"),       # the per-module loop over the fused kernel's step
-    ("linear", False, "chunked"),    # the per-module loop with S, Z as torch tensors
-    ("softmax", False, "auto"),      # KV cache in bfloat16
+@pytest.mark.parametrize("attention, whole_model_kernel, impl, bf16_cache", [
+    ("linear", True, "auto", False),        # the one-call C++ step
+    ("linear", False, "auto", False),       # the per-module loop over the fused kernel's step
+    ("linear", False, "chunked", False),    # the per-module loop with S, Z as torch tensors
+    ("softmax", False, "auto", False),      # KV cache float32
+    ("softmax", False, "auto", True),       # KV cache in bfloat16
 ])
-def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl):
+def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl, bf16_cache):
     model = scaled_model(attention, impl=impl)
+    for block in model.blocks:
+        block.attn.bf16_cache = bf16_cache
     x = torch.randint(0, 256, (3, model.length), generator=torch.Generator().manual_seed(1))
     want, _ = decode_params(model, x, torch.float32, whole_model_kernel)
     got, state = decode_params(model, x, torch.bfloat16, whole_model_kernel)
@@ -117,7 +120,7 @@ def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl):
     layer = state["layers"][0]
     assert layer["qkv"][0].dtype == layer["ff"][1][0].dtype == torch.bfloat16       # converted once, here
     sums = layer.get("fused", layer.get("S", layer.get("k")))
-    assert sums.dtype == (torch.bfloat16 if attention == "softmax" else torch.float32)
+    assert sums.dtype == (torch.bfloat16 if bf16_cache else torch.float32)
     assert want.abs().max() > 1.0                         # the parameters are not all near zero
     assert_close_distributions(model, got, want)
     # and bfloat16 decoding is not secretly float32: it differs somewhere

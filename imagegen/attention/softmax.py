@@ -1,5 +1,8 @@
-"""Softmax attention: torch's scaled_dot_product_attention, causal; steps with a preallocated KV cache
-(of the decoding dtype: bfloat16 decoding keeps keys and values in bfloat16, halving the cache)."""
+"""Softmax attention: torch's scaled_dot_product_attention, causal; steps with a preallocated KV cache.
+
+Under bfloat16 decoding the projections run in bfloat16 and the cache stays float32 unless
+`bf16_cache` is set: on the AMD EPYC (AVX512-BF16, no AMX) torch's CPU attention over a bfloat16
+cache was 2.8-3.9x slower at the last position than over a float32 one (sampling benchmark)."""
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +14,8 @@ from . import Attention, register
 class SoftmaxAttention(Attention):
     """Exact causal softmax attention. Args: d_model, n_heads."""
 
+    bf16_cache = False   # keep the KV cache in bfloat16 under bfloat16 decoding (halves it; slower here)
+
     def __init__(self, d_model, n_heads):
         super().__init__(d_model, n_heads)
         self.qkv = Dense(d_model, 3 * d_model)
@@ -20,10 +25,12 @@ class SoftmaxAttention(Attention):
         return self.merge(F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
     def init_state(self, batch, max_len, device, dtype):
-        """A K/V cache of max_len positions in dtype, allocated once and written in place."""
+        """A K/V cache of max_len positions, allocated once and written in place: in dtype, except
+        float32 for bfloat16 products unless bf16_cache."""
         shape = (batch, self.n_heads, max_len, self.head_dim)
-        return {"k": torch.zeros(shape, device=device, dtype=dtype),
-                "v": torch.zeros(shape, device=device, dtype=dtype), "t": 0, **self.step_weights(dtype)}
+        cache = torch.float32 if dtype == torch.bfloat16 and not self.bf16_cache else dtype
+        return {"k": torch.zeros(shape, device=device, dtype=cache),
+                "v": torch.zeros(shape, device=device, dtype=cache), "t": 0, **self.step_weights(dtype)}
 
     def step(self, x_t, state):                              # x_t (N, D)
         N, H, E = x_t.shape[0], self.n_heads, self.head_dim
@@ -32,5 +39,5 @@ class SoftmaxAttention(Attention):
         state["k"][:, :, t] = k[:, :, 0]
         state["v"][:, :, t] = v[:, :, 0]
         state["t"] = t + 1
-        y = F.scaled_dot_product_attention(q, state["k"][:, :, :t + 1], state["v"][:, :, :t + 1])
+        y = F.scaled_dot_product_attention(q.to(state["k"].dtype), state["k"][:, :, :t + 1], state["v"][:, :, :t + 1])
         return self.merge_step(y, state), state

@@ -11,8 +11,8 @@ images/sec = batch / integrated seconds. Each method is measured at every batch 
 bounded sweep and reported at its best; batch 1 gives seconds per image (Table 5), and for
 the step samplers one whole image is also sampled at batch 1 and timed end to end.
 Each method runs in every precision of `sampling_precisions` (float32; bfloat16: the step loops'
-products in bfloat16 with weights converted once, the KV cache in bfloat16 too, the recompute
-loop under bfloat16 autocast; see `imagegen.sampling`).
+products in bfloat16 with weights converted once, the KV cache float32 except for the method
+softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; see `imagegen.sampling`).
 """
 import time
 
@@ -27,6 +27,7 @@ from .report import line_plot, machine, markdown_table, write_outputs
 METHODS = {  # name: (attention, sampler)
     "linear-recurrent": ("linear", "step"),
     "softmax-kv-cache": ("softmax", "step"),
+    "softmax-kv-cache-bf16": ("softmax", "step"),   # bfloat16 precision only: the KV cache in bfloat16 too
     "softmax-recompute": ("softmax", "recompute"),
     "lsh-recompute": ("lsh", "recompute"),
 }
@@ -106,11 +107,17 @@ def run(cfg, model_cfg, info):
         options = cfg["lsh_options"] if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
         model = build_model({**model_cfg, "attention": attention, "attention_options": options}, info).eval()
         batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]
+        if name == "softmax-kv-cache-bf16":
+            for block in model.blocks:
+                block.attn.bf16_cache = True
         for precision in precisions:
+            if name == "softmax-kv-cache-bf16" and precision != "bfloat16":
+                continue
             dtype = getattr(torch, precision)
             for batch in batches:
                 if attention == "softmax" and sampler == "step" and \
-                        kv_cache_bytes(model_cfg, info, batch, dtype) > cfg["max_cache_gb"] * 2 ** 30:
+                        kv_cache_bytes(model_cfg, info, batch, model.blocks[0].attn.init_state(0, 0, "cpu", dtype)["k"].dtype) \
+                        > cfg["max_cache_gb"] * 2 ** 30:
                     print(f"{name}: skipping batch {batch} (KV cache over {cfg['max_cache_gb']} GiB)")
                     continue
                 seconds, lat = measure(model, sampler, batch, positions, cfg["reps"], dtype)

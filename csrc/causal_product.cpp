@@ -29,6 +29,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -442,6 +443,66 @@ at::Tensor empty_heads_last(const at::Tensor& like, int64_t D) {
   return at::empty({like.size(0), like.size(2), like.size(1), D}, like.options()).transpose(1, 2);
 }
 
+// ---- small-batch bfloat16 products for decoding --------------------------------------------
+// out (N, O) = b + x W for a few rows x (N, K) float32 and W (K, O), b (O) bfloat16: each row of W
+// is widened to float32 in registers (bfloat16 is float32's upper half) and accumulated in float32,
+// out rounded to bfloat16 (nearest even). At batch 1 the product only streams W, and reading
+// bfloat16 halves that; torch's bfloat16 matmul (oneDNN) gains little there on this CPU (without AMX).
+// Columns go kLinCols at a time so that every widened W row serves all N rows from registers.
+constexpr int kLinCols = 64;     // 4 vectors of 16 floats
+constexpr int kLinMaxRows = 4;   // rows handled together; more go through torch's matmul
+
+typedef uint16_t u16x16_t __attribute__((vector_size(32)));
+typedef uint32_t u32x16_t __attribute__((vector_size(64)));
+inline __attribute__((always_inline)) vec_t<float> widen_bf16(const c10::BFloat16* p) {
+  u16x16_t h;
+  __builtin_memcpy(&h, p, sizeof h);
+  const u32x16_t w = __builtin_convertvector(h, u32x16_t) << 16;
+  vec_t<float> f;
+  __builtin_memcpy(&f, &w, sizeof f);
+  return f;
+}
+
+template <int NR>
+inline __attribute__((always_inline)) void linear_bf16_cols(const float* x, const c10::BFloat16* W,
+                                                            const c10::BFloat16* b, c10::BFloat16* out,
+                                                            int64_t K, int64_t O, int64_t c0) {
+  using V = vec_t<float>;
+  constexpr int NB = kLinCols / 16;
+  V acc[NR][NB];
+  for (int j = 0; j < NB; ++j) {
+    const V bias = widen_bf16(b + c0 + 16 * j);
+    for (int n = 0; n < NR; ++n) acc[n][j] = bias;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const c10::BFloat16* w = W + k * O + c0;
+    V wk[NB];
+    for (int j = 0; j < NB; ++j) wk[j] = widen_bf16(w + 16 * j);
+    for (int n = 0; n < NR; ++n)
+      for (int j = 0; j < NB; ++j) acc[n][j] += x[n * K + k] * wk[j];
+  }
+  for (int n = 0; n < NR; ++n)
+    for (int j = 0; j < NB; ++j) {
+      float lanes[16];
+      __builtin_memcpy(lanes, &acc[n][j], sizeof lanes);
+      for (int i = 0; i < 16; ++i) out[n * O + c0 + 16 * j + i] = c10::BFloat16(lanes[i]);
+    }
+}
+
+CP_MULTIVERSION void linear_bf16_range(const float* x, const c10::BFloat16* W, const c10::BFloat16* b,
+                                       c10::BFloat16* out, int64_t N, int64_t K, int64_t O, int64_t begin,
+                                       int64_t end) {
+  for (int64_t c = begin; c < end; ++c) {
+    const int64_t c0 = c * kLinCols;
+    switch (N) {
+      case 1: linear_bf16_cols<1>(x, W, b, out, K, O, c0); break;
+      case 2: linear_bf16_cols<2>(x, W, b, out, K, O, c0); break;
+      case 3: linear_bf16_cols<3>(x, W, b, out, K, O, c0); break;
+      default: linear_bf16_cols<4>(x, W, b, out, K, O, c0); break;
+    }
+  }
+}
+
 void check_unit_stride(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "linear attention (CPU kernel): ", name,
               " must be 4-d with a contiguous last dimension");
@@ -577,24 +638,68 @@ void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
   });
 }
 
+// b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
+// dtype, as torch.addmm(b, x.to(W.dtype), W): through linear_bf16_range for bfloat16 W, a few
+// rows and O a multiple of kLinCols, else through torch.
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+  const int64_t N = x.size(0), K = x.size(1), O = W.size(1);
+  if (W.scalar_type() != at::kBFloat16 || N > kLinMaxRows || O % kLinCols || !W.is_contiguous() ||
+      !b.is_contiguous() || b.scalar_type() != at::kBFloat16 || b.numel() != O || W.size(0) != K)
+    return at::addmm(b, x.to(W.scalar_type()), W);
+  // x as torch.addmm(b, x.to(bfloat16), W) would take it: rounded to bfloat16, here widened again to float32
+  const auto xc = x.contiguous();
+  std::vector<float> xf(N * K);
+  if (xc.scalar_type() == at::kBFloat16) {
+    const auto* xp = xc.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < N * K; ++i) xf[i] = static_cast<float>(xp[i]);
+  } else if (xc.scalar_type() == at::kFloat) {
+    const auto* xp = xc.data_ptr<float>();
+    for (int64_t i = 0; i < N * K; ++i) xf[i] = static_cast<float>(c10::BFloat16(xp[i]));
+  } else {
+    return at::addmm(b, x.to(W.scalar_type()), W);
+  }
+  auto out = at::empty({N, O}, W.options());
+  const float* xp = xf.data();
+  const auto *Wp = W.data_ptr<c10::BFloat16>(), *bp = b.data_ptr<c10::BFloat16>();
+  auto* op = out.data_ptr<c10::BFloat16>();
+  // split columns over threads only where each gets at least ~256 KiB of W to stream
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / (K * kLinCols));
+  at::parallel_for(0, O / kLinCols, grain, [&](int64_t begin, int64_t end) {
+    linear_bf16_range(xp, Wp, bp, op, N, K, O, begin, end);
+  });
+  return out;
+}
+
 // One decoding position of a whole PixelTransformer whose every layer is linear attention on
 // this kernel: the loop of PixelTransformer.step in one call, which saves the Python and module
 // overhead of some ninety small ops per position (most of the batch-1 time). h (N, D): the
 // embedded input token. layers: per block [ln1 weight, bias, qkv W, b, out W, b, ln2 weight, bias,
 // ff1 W, b, ff2 W, b, decoding state], Dense weights stored (in, out). head: [ln_f weight, bias,
 // proj W, b]. -> distribution parameters (N, P); the states advance in place.
+// The blocks' Dense weights may be bfloat16 while h and the rest are float32 (bfloat16 decoding):
+// then the LayerNorm outputs are rounded to bfloat16 for the products, the attention reads bfloat16
+// q, k, v into its float32 state, and each block's output (bfloat16) is added to the float32 h.
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps) {
   TORCH_CHECK(h.dim() == 2 && head.size() == 4 && n_heads > 0 && h.size(1) % n_heads == 0,
               "decode_step: h must be (N, D) with D divisible by n_heads, and head hold 4 tensors");
   const int64_t N = h.size(0), D = h.size(1), E = D / n_heads;
+  // h + x W + b: one addmm into h when W is h's dtype, else the product in W's dtype added to h.
+  auto add_product = [&](const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+    return W.scalar_type() == h.scalar_type() ? at::addmm(h, x, W).add_(b) : at::add(h, decode_linear(x, W, b));
+  };
   for (const auto& w : layers) {
     TORCH_CHECK(w.size() == 13, "decode_step: each layer takes 13 tensors");
-    auto qkv = at::addmm(w[3], at::layer_norm(h, {D}, w[0], w[1], ln_eps), w[2]).view({N, 3, n_heads, 1, E});
+    const auto dtype = w[2].scalar_type();  // the products' dtype
+    TORCH_CHECK(w[3].scalar_type() == dtype && w[4].scalar_type() == dtype && w[5].scalar_type() == dtype &&
+                    w[8].scalar_type() == dtype && w[9].scalar_type() == dtype && w[10].scalar_type() == dtype &&
+                    w[11].scalar_type() == dtype,
+                "decode_step: a block's Dense weights and biases must share one dtype");
+    auto qkv = decode_linear(at::layer_norm(h, {D}, w[0], w[1], ln_eps), w[2], w[3]).view({N, 3, n_heads, 1, E});
     auto a = std::get<0>(attention_forward_cpu(qkv.select(1, 0), qkv.select(1, 1), qkv.select(1, 2), eps, w[12]));
-    h = at::addmm(h, a.reshape({N, D}), w[4]).add_(w[5]);                    // h + attention out W + b
-    auto f = at::addmm(w[9], at::layer_norm(h, {D}, w[6], w[7], ln_eps), w[8]);
-    h = at::addmm(h, at::gelu_(f), w[10]).add_(w[11]);                        // h + GELU(ff1) W + b
+    h = add_product(a.reshape({N, D}), w[4], w[5]);                          // h + attention out W + b
+    auto f = decode_linear(at::layer_norm(h, {D}, w[6], w[7], ln_eps), w[8], w[9]);
+    h = add_product(at::gelu_(f), w[10], w[11]);                             // h + GELU(ff1) W + b
   }
   return at::addmm(head[3], at::layer_norm(h, {D}, head[0], head[1], ln_eps), head[2]);
 }
@@ -610,6 +715,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_state", &attention_state, "attention_state(like, N*H, E, M) -> zero decoding state");
   m.def("attention_backward", &attention_backward_cpu,
         "attention_backward(q, k, v, out, inv, grad_out, grad_q, grad_k, grad_v): writes the gradients");
+  m.def("decode_linear", &decode_linear,
+        "decode_linear(x, W, b) -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed in float32)");
   m.def("decode_step", &decode_step_cpu,
         "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer");
 }

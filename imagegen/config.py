@@ -105,6 +105,7 @@ class EvalConfig(CheckpointCommand):
     max_images: Optional[int] = opt(None, "evaluate only the first N images (null: all)")
     lsh_draws: int = opt(1, "LSH: average the NLL over this many seeded hash draws")
     lsh_seed: int = opt(0, "LSH: seed of the first hash draw")
+    precision: str = opt("float32", "float32, bfloat16 (the forward under bfloat16 autocast; sums in float64) or auto")
 
 
 @dataclass
@@ -121,6 +122,8 @@ class SampleConfig(CheckpointCommand):
     batch_size: int = opt(64, "images sampled together")
     temperature: float = opt(1.0, "sampling temperature (> 0; 1 samples the model's distribution)")
     seed: int = opt(0, "seed of the draws")
+    precision: str = opt("auto", "matrix products in float32, bfloat16 (sums, LayerNorm, the head and the draw stay "
+                                 "float32) or auto (bfloat16 where the hardware is fast at it)")
 
 
 @dataclass
@@ -139,6 +142,8 @@ class BenchConfig:
     n_positions: int = opt(9, "sampling: positions timed, then integrated over all D")
     probe_positions: List[int] = opt([100, 3000], "sampling: positions whose latency ratio is reported")
     reps: int = opt(5, "sampling: timed steps per position")
+    sampling_precisions: List[str] = opt(["float32", "bfloat16"], "sampling: precisions of the matrix products "
+                                                                   "(float32, bfloat16, auto)")
     plot_batch: int = opt(64, "sampling: batch size of the latency plot (or the nearest measured one)")
     plot_log: bool = opt(False, "sampling: log-scale ms axis in the latency plot")
     lsh_options: Dict[str, Any] = opt({"n_hashes": 1, "n_buckets": 64, "chunk_size": 32}, "sampling: LSH options")

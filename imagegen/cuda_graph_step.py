@@ -40,7 +40,8 @@ class GraphedStep:
 
     def __init__(self, model, batch, device, dtype, compile=True):
         self.model = model
-        self.layers = [b.attn.init_state(batch, model.length, device, dtype) for b in model.blocks]
+        dtype = dtype or model.proj.weight.dtype
+        self.layers = [b.init_state(batch, model.length, device, dtype) for b in model.blocks]
         for state in self.layers:
             if "S" not in state:
                 raise ValueError("GraphedStep needs the PyTorch form of the linear state (S with Z as a column); "

@@ -1,12 +1,19 @@
-"""imagegen-eval: exact bits/dim of a checkpoint on a split (Hydra app; see conf/eval.yaml)."""
+"""imagegen-eval: exact bits/dim of a checkpoint on a split (Hydra app; see conf/eval.yaml).
+
+precision=bfloat16 runs the forward under bfloat16 autocast (products in bfloat16, LayerNorm,
+the attention's sums and the head's log-likelihood in float32); the NLL is summed in float64
+either way."""
 import json
 import time
 from pathlib import Path
+
+import torch
 
 from . import checkpoint, distributed
 from .cli import hydra_entry
 from .config import check_eval
 from .data import load_from_config
+from .precision import autocast, dtype_name, resolve_precision
 from .scoring import LN2, total_nll
 
 
@@ -30,23 +37,28 @@ def evaluate_on(cfg, device, world):
         x = x[: cfg["max_images"]]
     lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]
     draws = cfg["lsh_draws"] if lsh else 1
+    dtype = resolve_precision(cfg.get("precision", "float32"), device)
     start = time.perf_counter()
     nats = []
     for draw in range(draws):   # LSH: average the NLL over seeded hash draws
         for attn in lsh:
             attn.eval_seed = cfg["lsh_seed"] + draw
-        nats.append(total_nll(model, x, cfg["batch_size"], device, progress=cfg["progress"] and world.main,
-                              desc=f"{cfg['split']} draw {draw + 1}/{draws}" if lsh else cfg["split"], world=world))
+        with autocast(device, dtype == torch.bfloat16):
+            nats.append(total_nll(model, x, cfg["batch_size"], device, progress=cfg["progress"] and world.main,
+                                  desc=f"{cfg['split']} draw {draw + 1}/{draws}" if lsh else cfg["split"],
+                                  world=world))
     bpd = sum(nats) / len(nats) / (x.numel() * LN2)
     result = {"bits_per_dim": bpd, "split": cfg["split"], "images": len(x), "max_images": cfg["max_images"] or None,
               "dims": x.shape[1], "attention": ck["config"]["model"]["attention"], "lsh_draws": draws,
+              "precision": dtype_name(dtype),
               "checkpoint": str(path), "checkpoint_step": ck.get("state", {}).get("step"),
               "checkpoint_mtime": path.stat().st_mtime, "seconds": time.perf_counter() - start}
     if not world.main:
         return result
     out = path.with_name(f"{path.stem}.{cfg['split']}.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{len(x)} {cfg['split']} images, {draws} draw(s), {result['seconds']:.1f} s; wrote {out}")
+    print(f"{len(x)} {cfg['split']} images, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
+          f"wrote {out}")
     print(f"bits/dim: {bpd:.4f}")
     return result
 

@@ -5,13 +5,16 @@ so every one of the D sub-pixels is scored. Embedding = byte + row + column + ch
 "the same column one row up" is one learned relation rather than 28 separate ones.
 Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
 registry by name. The head maps each position to P distribution parameters.
+Decoding (`init_state`, `step`) may run its matrix products in bfloat16 with weights converted
+once into the state; the residual stream, LayerNorm, the attention's sums and the head stay
+in the parameters' dtype (float32).
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .attention import make_attention
-from .layers import Dense
+from .layers import Dense, dense
 from .likelihood import make_head
 from .ops import EPS, decode_step
 
@@ -31,10 +34,16 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.ln1(x)))
         return x + self.drop(self.ff(self.ln2(x)))
 
-    def step(self, x_t, state):                              # (N, D)
+    def init_state(self, batch, max_len, device, dtype):
+        """The attention's decoding state plus the feed-forward weights for products in dtype."""
+        return {**self.attn.init_state(batch, max_len, device, dtype),
+                "ff": (self.ff[0].cast(dtype), self.ff[2].cast(dtype))}
+
+    def step(self, x_t, state):                              # (N, D), in the parameters' dtype
         y, state = self.attn.step(self.ln1(x_t), state)
         x_t = x_t + y
-        return x_t + self.ff(self.ln2(x_t)), state
+        ff1, ff2 = state["ff"]
+        return x_t + dense(self.ff[1](dense(self.ln2(x_t), ff1)), ff2), state
 
 
 class PixelTransformer(nn.Module):
@@ -80,20 +89,23 @@ class PixelTransformer(nn.Module):
         """Negative log-likelihood in nats of each sub-pixel, (N, D); float32 under autocast too."""
         return -self.head.log_prob(self(x).float(), x)
 
-    def init_state(self, batch, device, dtype=torch.float32, whole_model_kernel=True):
-        """Decoding state for `step`. When every layer steps through the fused CPU kernel (linear
-        attention), the whole step runs as one C++ call unless whole_model_kernel=False."""
-        layers = [b.attn.init_state(batch, self.length, device, dtype) for b in self.blocks]
+    def init_state(self, batch, device, dtype=None, whole_model_kernel=True):
+        """Decoding state for `step`; dtype: that of the blocks' matrix products (None: the
+        parameters'; bfloat16 for float32 parameters converts their weights once, here). When every
+        layer steps through the fused CPU kernel (linear attention), the whole step runs as one
+        C++ call unless whole_model_kernel=False."""
+        dtype = dtype or self.proj.weight.dtype
+        layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
         state = {"t": 0, "layers": layers}
         if whole_model_kernel and all("fused" in s for s in layers):
             state["kernel"] = self.kernel_weights(layers)
         return state
 
     def kernel_weights(self, layers):
-        """The tensors `ops.decode_step` reads: per block its weights and decoding state, and the head."""
-        blocks = [[b.ln1.weight, b.ln1.bias, b.attn.qkv.weight, b.attn.qkv.bias, b.attn.out.weight, b.attn.out.bias,
-                   b.ln2.weight, b.ln2.bias, b.ff[0].weight, b.ff[0].bias, b.ff[2].weight, b.ff[2].bias, s["fused"]]
-                  for b, s in zip(self.blocks, layers)]
+        """The tensors `ops.decode_step` reads: per block its weights (the state's, of the products'
+        dtype; LayerNorm's in the parameters') and decoding state, and the head."""
+        blocks = [[b.ln1.weight, b.ln1.bias, *s["qkv"], *s["out"], b.ln2.weight, b.ln2.bias, *s["ff"][0], *s["ff"][1],
+                   s["fused"]] for b, s in zip(self.blocks, layers)]
         return blocks, [self.ln_f.weight, self.ln_f.bias, self.proj.weight, self.proj.bias]
 
     def step(self, token, state):

@@ -7,6 +7,7 @@ from .cli import hydra_entry
 from .config import check_sample
 from .data import dataset_info, load_from_config
 from .errors import UserError
+from .precision import dtype_name, resolve_precision
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
 
 
@@ -20,8 +21,9 @@ def run_sample(cfg, device):
     info = dataset_info(ck["config"]["data"]["name"])
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
+    dtype = resolve_precision(cfg["precision"], device)
     common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
-                  progress=cfg["progress"])
+                  progress=cfg["progress"], dtype=dtype)
     out = Path(cfg["out"] or path.with_name(f"{path.stem}-{cfg['mode']}.png"))   # default: beside the checkpoint
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -49,8 +51,8 @@ def run_sample(cfg, device):
         for i, img in enumerate(to_images(seqs, info)):
             grid(img[None], nrow=1, scale=cfg["scale"], pad=0).save(folder / f"{i:04d}.png")
     print(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
-    print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}: "
-          f"{len(seqs) / seconds:.2f} images/sec")
+    print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}, "
+          f"{dtype_name(dtype)} (precision={cfg['precision']}): {len(seqs) / seconds:.2f} images/sec")
 
 
 main = hydra_entry("sample", run_sample,

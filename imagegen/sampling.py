@@ -8,6 +8,9 @@
   softmax baseline and the only way to sample LSH.
 Both draw one uniform per image per sampled position from the same generator, so with
 one seed they produce the same images from the same model.
+`dtype` (precision=bfloat16): the step loop runs the blocks' products in bfloat16 with weights
+converted once into the decoding state (see `PixelTransformer.init_state`); the recompute loop
+runs model.forward under bfloat16 autocast. Distribution parameters and the draw stay float32.
 """
 import math
 
@@ -21,6 +24,7 @@ from .errors import UserError
 from .likelihood import sample as draw
 from .memory import check_batch_fits
 from .model import START
+from .precision import autocast
 
 SAMPLERS = ("auto", "step", "recompute")
 
@@ -49,16 +53,20 @@ def decode_step(model, token, state, temperature, generator):
     return draw(model.head, params, temperature, generator), state
 
 
-def recompute_step(model, x, t, temperature, generator):
-    """One step of the recompute loop: the prefix x[:, :t] through model.forward, then a draw for x[:, t]."""
-    return draw(model.head, model(x[:, :t + 1])[:, t], temperature, generator)
+def recompute_step(model, x, t, temperature, generator, dtype=None):
+    """One step of the recompute loop: the prefix x[:, :t] through model.forward (bfloat16 autocast
+    for dtype=bfloat16), then a draw for x[:, t]."""
+    with autocast(x.device, dtype == torch.bfloat16):
+        params = model(x[:, :t + 1])[:, t]
+    return draw(model.head, params.float() if params.dtype == torch.bfloat16 else params, temperature, generator)
 
 
 @torch.inference_mode()
-def fill_step(model, x, start, temperature, generator, on_step=None):
-    """Sample x[:, start:] in place with model.step; x[:, :start] is the given prefix (N, D) uint8."""
+def fill_step(model, x, start, temperature, generator, on_step=None, dtype=None):
+    """Sample x[:, start:] in place with model.step; x[:, :start] is the given prefix (N, D) uint8.
+    dtype: the products' (None: the parameters')."""
     N, D = x.shape
-    step = make_step(model, N, x.device, next(model.parameters()).dtype)   # CUDA: one graph replay per step
+    step = make_step(model, N, x.device, dtype)   # CUDA: one graph replay per step
     token = torch.full((N,), START, dtype=torch.long, device=x.device)
     for t in range(D):
         params = step(token)
@@ -71,18 +79,19 @@ def fill_step(model, x, start, temperature, generator, on_step=None):
 
 
 @torch.inference_mode()
-def fill_recompute(model, x, start, temperature, generator, on_step=None):
+def fill_recompute(model, x, start, temperature, generator, on_step=None, dtype=None):
     """Sample x[:, start:] in place, recomputing the prefix with model.forward at every step."""
     for t in range(start, x.shape[1]):
-        x[:, t] = recompute_step(model, x, t, temperature, generator)
+        x[:, t] = recompute_step(model, x, t, temperature, generator, dtype)
         if on_step:
             on_step(t)
     return x
 
 
 def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64, prefix=None,
-             progress=False, desc="sampling"):
-    """n images as (n, D) uint8. prefix (n, P) uint8, if given, is kept and the rest sampled."""
+             progress=False, desc="sampling", dtype=None):
+    """n images as (n, D) uint8. prefix (n, P) uint8, if given, is kept and the rest sampled.
+    dtype: None (the parameters'), float32 or bfloat16: the matrix products' (see the module docstring)."""
     model.eval()
     sampler = resolve_sampler(model, sampler)
     device = next(model.parameters()).device
@@ -105,7 +114,7 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
             bar.update(1)
 
     for i in range(0, n, batch_size):
-        fill(model, out[i:i + batch_size], start, temperature, generator, on_step)
+        fill(model, out[i:i + batch_size], start, temperature, generator, on_step, dtype)
     bar.close()
     return out.cpu()
 

@@ -22,7 +22,7 @@ from .lock import folder_lock
 from .logs import RunLog
 from .memory import available_bytes
 from .model import build_model
-from .precision import autocast, use_bf16
+from .precision import autocast, bf16_reason, use_bf16
 from .runstate import Budget, DataOrder, RunState, step_seed
 from .sampling import generate, grid, to_images
 from .scoring import LN2, bits_per_dim
@@ -159,7 +159,7 @@ class Trainer:
         world = f", {self.world.size} processes" if self.world.distributed else ""
         self.say(f"{self.cfg['model']['attention']} model, {n_params / 1e6:.2f}M parameters, {len(self.x_train)} "
                  f"training images of {self.model.length} sub-pixels, device {self.device}{world}, "
-                 f"{'bfloat16 autocast' if self.bf16 else 'float32'}, run dir {self.run_dir}")
+                 f"{bf16_reason(self.t['bf16'], self.device)}, run dir {self.run_dir}")
 
     def run(self):
         state, t = self.state, self.t

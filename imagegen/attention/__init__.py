@@ -2,7 +2,9 @@
 
 Every attention module maps x (N, L, D) -> (N, L, D) with D = d_model and offers:
 - `forward(x)`: the whole causal sequence (training, evaluation, recompute sampling);
-- `init_state(batch, max_len, device, dtype)`: the decoding state;
+- `init_state(batch, max_len, device, dtype)`: the decoding state, which also carries the
+  projections' weights for products in `dtype` (`step_weights`: bfloat16 copies made once when
+  the parameters are float32);
 - `step(x_t, state) -> (y_t, state)`: one position, x_t and y_t (N, D).
 `can_step` is False for attentions with no incremental state (LSH). The invariant:
 stepping through a sequence gives the outputs of `forward` on it.
@@ -12,7 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from ..layers import Dense
+from ..layers import Dense, dense
 
 ATTENTIONS = {}
 
@@ -57,6 +59,14 @@ class Attention(nn.Module):
         """(N, H, L, M) -> (N, L, D) through the output projection."""
         N, H, L, M = y.shape
         return self.out(y.transpose(1, 2).reshape(N, L, H * M))
+
+    def step_weights(self, dtype):
+        """The projections' (weight, bias) for decoding products in dtype (see `Dense.cast`)."""
+        return {"qkv": self.qkv.cast(dtype), "out": self.out.cast(dtype)}
+
+    def merge_step(self, y, state):
+        """(N, ..., M) heads of one position -> (N, D) through the state's output projection."""
+        return dense(y.reshape(y.shape[0], self.d_model), state["out"])
 
     def init_state(self, batch, max_len, device, dtype):
         raise NotImplementedError(f"{self.name} attention has no incremental state; sample it by recomputing "

@@ -93,6 +93,8 @@ def peak_memory(impl, N, H, L, E, device, dtype, threads):
 
 def run_attention(c, device):
     N, H, E = c["batch"], c["heads"], c["head_dim"]
+    if device.type == "cpu":     # malloc as imagegen-train sets it: past ~8k positions the gradients
+        keep_freed_memory()      # are >= 32 MB, which glibc would mmap afresh and fault in every call
     impls = [i for i in c["impls"] if i == "softmax" or i in LINEAR_IMPLS]
     if "kernel" in impls and kernel_error(device.type, warn=True) is not None:
         impls.remove("kernel")

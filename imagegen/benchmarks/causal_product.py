@@ -6,12 +6,16 @@ milliseconds, median over rounds.
         [--shapes 4,8,784,32,32 16,4,3072,32,32 ...] [--chunks 32,64,128] [--repeat 5]
 
 Shapes are N,H,L,E,M. Prints one table per shape and optionally writes all rows as JSON.
+On the CPU malloc is set up as imagegen-train sets it (`imagegen.allocator.keep_freed_memory`):
+otherwise every output of 32 MB or more is mapped afresh and faulted in at every call, which
+made the backward grow faster than the length past ~8k positions (at N=4, H=8, E=M=32).
 """
 import argparse
 import json
 
 import torch
 
+from ..allocator import keep_freed_memory
 from ..ops import causal_product, kernel_error
 from .timing import time_all
 
@@ -56,6 +60,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if device.type == "cpu":
+        keep_freed_memory()
     chunks = [int(c) for c in args.chunks.split(",") if c]
     print(f"device={device} dtype={args.dtype} threads={torch.get_num_threads()} repeat={args.repeat}")
     all_rows = []

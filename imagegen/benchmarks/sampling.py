@@ -10,6 +10,9 @@ per-step latency over all D positions by linear interpolation:
 images/sec = batch / integrated seconds. Each method is measured at every batch size of its
 bounded sweep and reported at its best; batch 1 gives seconds per image (Table 5), and for
 the step samplers one whole image is also sampled at batch 1 and timed end to end.
+Each method runs in every precision of `sampling_precisions` (float32; bfloat16: the step loops'
+products in bfloat16 with weights converted once, the KV cache float32 except for the method
+softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; see `imagegen.sampling`).
 """
 import time
 
@@ -19,6 +22,7 @@ import torch
 from ..errors import UserError
 from ..memory import check_batch_fits
 from ..model import build_model
+from ..precision import dtype_name, resolve_precision
 from ..sampling import decode_step, fill_step, recompute_step
 from .. import plots
 from .report import machine, markdown_table, write_outputs
@@ -26,6 +30,7 @@ from .report import machine, markdown_table, write_outputs
 METHODS = {  # name: (attention, sampler)
     "linear-recurrent": ("linear", "step"),
     "softmax-kv-cache": ("softmax", "step"),
+    "softmax-kv-cache-bf16": ("softmax", "step"),   # bfloat16 precision only: the KV cache in bfloat16 too
     "softmax-recompute": ("softmax", "recompute"),
     "lsh-recompute": ("lsh", "recompute"),
 }
@@ -39,11 +44,11 @@ def timed(fn, reps):
 
 
 @torch.inference_mode()
-def step_latency(model, batch, t, reps=3, warmup=2, seed=0):
-    """Seconds per decoding step near position t at this batch size."""
+def step_latency(model, batch, t, reps=3, warmup=2, seed=0, dtype=None):
+    """Seconds per decoding step near position t at this batch size (products in dtype)."""
     D = model.length
     t = max(0, min(t, D - reps - warmup))
-    state = model.init_state(batch, next(model.parameters()).device)
+    state = model.init_state(batch, next(model.parameters()).device, dtype)
     state["t"] = t                                       # jump to position t
     for layer in state["layers"]:
         if "t" in layer:
@@ -56,21 +61,21 @@ def step_latency(model, batch, t, reps=3, warmup=2, seed=0):
 
 
 @torch.inference_mode()
-def recompute_latency(model, batch, t, reps=1, seed=0):
+def recompute_latency(model, batch, t, reps=1, seed=0, dtype=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, model.length), dtype=torch.uint8, generator=g)
-    recompute_step(model, x, min(t, 16), 1.0, g)        # warm-up
-    return timed(lambda: recompute_step(model, x, t, 1.0, g), reps)
+    recompute_step(model, x, min(t, 16), 1.0, g, dtype)        # warm-up
+    return timed(lambda: recompute_step(model, x, t, 1.0, g, dtype), reps)
 
 
 @torch.inference_mode()
-def whole_image_seconds(model, seed=0):
+def whole_image_seconds(model, seed=0, dtype=None):
     """Seconds to sample one whole image at batch 1 with the step loop, timed end to end (the
     paper's Table 5 measure; the per-position estimate misses warm caches and threads)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.zeros(1, model.length, dtype=torch.uint8)
-    fill_step(model, x, model.length - 16, 1.0, g)     # warm-up: the last 16 positions
-    return timed(lambda: fill_step(model, x, 0, 1.0, g), 1)
+    fill_step(model, x, model.length - 16, 1.0, g, dtype=dtype)     # warm-up: the last 16 positions
+    return timed(lambda: fill_step(model, x, 0, 1.0, g, dtype=dtype), 1)
 
 
 def integrate(positions, latencies, D):
@@ -78,14 +83,14 @@ def integrate(positions, latencies, D):
     return float(np.interp(np.arange(D), positions, latencies).sum())
 
 
-def measure(model, sampler, batch, positions, reps):
-    lat = [step_latency(model, batch, t, reps) if sampler == "step" else recompute_latency(model, batch, t)
-           for t in positions]
+def measure(model, sampler, batch, positions, reps, dtype=None):
+    lat = [step_latency(model, batch, t, reps, dtype=dtype) if sampler == "step" else
+           recompute_latency(model, batch, t, dtype=dtype) for t in positions]
     return integrate(positions, lat, model.length), lat
 
 
-def kv_cache_bytes(model_cfg, info, batch):
-    return batch * model_cfg["n_layers"] * info.length * 2 * model_cfg["d_model"] * 4
+def kv_cache_bytes(model_cfg, info, batch, dtype=torch.float32):
+    return batch * model_cfg["n_layers"] * info.length * 2 * model_cfg["d_model"] * dtype.itemsize
 
 
 def timed_positions(D, n, probes=()):
@@ -97,68 +102,93 @@ def run(cfg, model_cfg, info):
     """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method)."""
     torch.manual_seed(cfg["seed"])
     positions = timed_positions(info.length, cfg["n_positions"], cfg["probe_positions"])
-    results, curves = [], {}
+    precisions = [dtype_name(resolve_precision(p, torch.device("cpu"), "sampling_precisions"))
+                  for p in cfg["sampling_precisions"]]
+    results, curves = [], {p: {} for p in precisions}
     for name in cfg["methods"]:
         attention, sampler = METHODS[name]
         options = cfg["lsh_options"] if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
         model = build_model({**model_cfg, "attention": attention, "attention_options": options}, info).eval()
         batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]
-        for batch in batches:
-            if attention == "softmax" and sampler == "step" and \
-                    kv_cache_bytes(model_cfg, info, batch) > cfg["max_cache_gb"] * 2 ** 30:
-                print(f"{name}: skipping batch {batch} (KV cache over {cfg['max_cache_gb']} GiB)")
+        if name == "softmax-kv-cache-bf16":
+            for block in model.blocks:
+                block.attn.bf16_cache = True
+        for precision in precisions:
+            if name == "softmax-kv-cache-bf16" and precision != "bfloat16":
                 continue
-            try:
-                check_batch_fits(model, batch, sampler, torch.device("cpu"))
-            except UserError as e:
-                print(f"{name}: skipping batch {batch} ({e})")
-                continue
-            seconds, lat = measure(model, sampler, batch, positions, cfg["reps"])
-            at = dict(zip(positions, lat))
-            row = {"method": name, "batch": batch, "seconds_per_batch": seconds,
-                   "images_per_sec": batch / seconds, "seconds_per_image": seconds / batch,
-                   "step_ms_first": lat[0] * 1e3, "step_ms_last": lat[-1] * 1e3}
-            if sampler == "step" and batch == 1:
-                row["whole_image_seconds"] = whole_image_seconds(model, cfg["seed"])
-            probes = [p for p in cfg["probe_positions"] if p in at]
-            if len(probes) == 2:      # latency growth, e.g. step at position 3000 over step at 100
-                row["latency_growth"] = at[probes[1]] / at[probes[0]]
-            results.append(row)
-            curves[(name, batch)] = lat
-            print(f"{name:18s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
-                  f"(step {row['step_ms_first']:.2f} -> {row['step_ms_last']:.2f} ms)", flush=True)
+            dtype = getattr(torch, precision)
+            for batch in batches:
+                if attention == "softmax" and sampler == "step" and \
+                        kv_cache_bytes(model_cfg, info, batch, model.blocks[0].attn.init_state(0, 0, "cpu", dtype)["k"].dtype) \
+                        > cfg["max_cache_gb"] * 2 ** 30:
+                    print(f"{name}: skipping batch {batch} (KV cache over {cfg['max_cache_gb']} GiB)")
+                    continue
+                try:
+                    check_batch_fits(model, batch, sampler, torch.device("cpu"))
+                except UserError as e:
+                    print(f"{name}: skipping batch {batch} ({e})")
+                    continue
+                seconds, lat = measure(model, sampler, batch, positions, cfg["reps"], dtype)
+                at = dict(zip(positions, lat))
+                row = {"method": name, "precision": precision, "batch": batch, "seconds_per_batch": seconds,
+                       "images_per_sec": batch / seconds, "seconds_per_image": seconds / batch,
+                       "step_ms_first": lat[0] * 1e3, "step_ms_last": lat[-1] * 1e3}
+                if sampler == "step" and batch == 1:
+                    row["whole_image_seconds"] = whole_image_seconds(model, cfg["seed"], dtype)
+                probes = [p for p in cfg["probe_positions"] if p in at]
+                if len(probes) == 2:      # latency growth, e.g. step at position 3000 over step at 100
+                    row["latency_growth"] = at[probes[1]] / at[probes[0]]
+                results.append(row)
+                curves[precision][(name, batch)] = lat
+                print(f"{name:18s} {precision:8s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
+                      f"(step {row['step_ms_first']:.2f} -> {row['step_ms_last']:.2f} ms)", flush=True)
     if not results:
         raise UserError("every batch size was skipped (see the lines above), so there is nothing to report; "
                         "add smaller step_batches or recompute_batches, or raise max_cache_gb.")
     best = {}
     for row in results:
-        if row["method"] not in best or row["images_per_sec"] > best[row["method"]]["images_per_sec"]:
-            best[row["method"]] = row
-    slowest = min(r["images_per_sec"] for r in best.values())
-    linear = best.get("linear-recurrent")
+        key = (row["method"], row["precision"])
+        if key not in best or row["images_per_sec"] > best[key]["images_per_sec"]:
+            best[key] = row
     summary = []
-    for name, row in best.items():
-        b1 = next((r for r in results if r["method"] == name and r["batch"] == 1), None)
-        summary.append({**row, "speedup_vs_slowest": row["images_per_sec"] / slowest,
+    for (name, precision), row in best.items():
+        same = [r for r in best.values() if r["precision"] == precision]
+        linear = best.get(("linear-recurrent", precision))
+        f32 = best.get((name, "float32"))
+        b1 = next((r for r in results if r["method"] == name and r["precision"] == precision and r["batch"] == 1),
+                  None)
+        b1_f32 = next((r for r in results if r["method"] == name and r["precision"] == "float32" and r["batch"] == 1),
+                      None)
+        whole = b1.get("whole_image_seconds") if b1 else None
+        whole_f32 = b1_f32.get("whole_image_seconds") if b1_f32 else None
+        summary.append({**row, "speedup_vs_slowest": row["images_per_sec"] / min(r["images_per_sec"] for r in same),
                         "linear_speedup": linear["images_per_sec"] / row["images_per_sec"] if linear else None,
+                        "vs_float32": row["images_per_sec"] / f32["images_per_sec"] if f32 else None,
                         "batch1_seconds_per_image": b1["seconds_per_batch"] if b1 else None,
-                        "batch1_whole_image_seconds": b1.get("whole_image_seconds") if b1 else None})
-    return {"results": results, "best": summary, "positions": positions,
-            "curves": {f"{m}@{b}": lat for (m, b), lat in curves.items()}}
+                        "batch1_whole_image_seconds": whole,
+                        "batch1_whole_vs_float32": whole_f32 / whole if whole and whole_f32 else None})
+    first = precisions[0]   # `curves` (the latency plot) keeps its old form, for the first precision
+    return {"results": results, "best": summary, "positions": positions, "precisions": precisions,
+            "curves": {f"{m}@{b}": lat for (m, b), lat in curves[first].items()},
+            "precision_curves": {p: {f"{m}@{b}": lat for (m, b), lat in c.items()} for p, c in curves.items()}}
 
 
 def report(result, cfg, arch_name, info, model_cfg):
-    cols = [("method", "method", None), ("batch", "best batch", None), ("images_per_sec", "images/sec", "{:.4g}"),
+    cols = [("method", "method", None), ("precision", "precision", None), ("batch", "best batch", None),
+            ("images_per_sec", "images/sec", "{:.4g}"), ("vs_float32", "x float32", "{:.2f}"),
             ("speedup_vs_slowest", "x slowest", "{:.1f}"), ("linear_speedup", "linear is x faster", "{:.1f}"),
             ("batch1_seconds_per_image", "batch-1 s/image (estimate)", "{:.3g}"),
             ("batch1_whole_image_seconds", "batch-1 s/image (one whole image)", "{:.3g}"),
+            ("batch1_whole_vs_float32", "one whole image x float32", "{:.2f}"),
             ("step_ms_first", "step ms @0", "{:.2f}"), ("step_ms_last", "step ms @D-1", "{:.2f}"),
             ("latency_growth", "step latency @" + "/@".join(map(str, cfg["probe_positions"][::-1])), "{:.2f}")]
     header = (f"Sampling speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
-              f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), float32.\n"
+              f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), "
+              f"{' and '.join(result['precisions'])} products (x slowest, linear is x faster: within one precision).\n"
               f"Machine: {machine()}.\n\n")
     md = header + markdown_table(result["best"], cols)
-    per_batch = [("method", "method", None), ("batch", "batch", None)] + cols[2:3] + cols[7:]
+    per_batch = [("method", "method", None), ("precision", "precision", None), ("batch", "batch", None),
+                 cols[3]] + cols[10:]
     md += "\n\nAll batch sizes:\n\n" + markdown_table(result["results"], per_batch)
     return md
 

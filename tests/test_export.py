@@ -3,6 +3,7 @@ Chromium (Playwright driving Debian's /usr/bin/chromium), and the export's error
 
 The browser tests skip only where /usr/bin/chromium (or playwright) is missing and
 IMAGEGEN_REQUIRE_BROWSER is unset; CI sets it, so there they fail instead."""
+import base64
 import functools
 import http.server
 import io
@@ -150,8 +151,24 @@ def open_page(browser, url):
     return page
 
 
+RUN = """async opts => {
+  const r = await window.imagegen.run(opts);
+  let params = null;                         // base64 of the float32 bytes: a list of 10^6 numbers is slow to pass
+  if (r.params) {
+    const b = new Uint8Array(r.params.buffer), parts = [];
+    for (let i = 0; i < b.length; i += 0x8000) parts.push(String.fromCharCode.apply(null, b.subarray(i, i + 0x8000)));
+    params = btoa(parts.join(""));
+  }
+  return {bytes: r.bytes, params, msPerStep: r.msPerStep};
+}"""
+
+
 def run_in_page(page, **opts):
-    return page.evaluate("opts => window.imagegen.run(opts)", opts)
+    """window.imagegen.run(opts) -> {bytes (list of N lists), params (float32 numpy (N*L*P) or None), msPerStep}."""
+    result = page.evaluate(RUN, opts)
+    if result["params"] is not None:
+        result["params"] = np.frombuffer(base64.b64decode(result["params"]), "<f4")
+    return result
 
 
 # ---------------------------------------------------------------- exactness against Python
@@ -173,7 +190,7 @@ def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset,
 
     with torch.no_grad():
         expected = model.double()(js)                      # (N, L, P): the teacher-forced parameters
-    got = torch.tensor(result["params"], dtype=torch.float64).view(N, L, -1)
+    got = torch.from_numpy(result["params"].astype(np.float64)).view(N, L, -1)
     assert (got - expected).abs().max() < 1e-4
     assert expected.abs().max() > 1                        # parameters of a real size, not all ~0
     assert page.errors == []

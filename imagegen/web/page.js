@@ -9,8 +9,9 @@ let config = null, examples = null, nextId = 0, pending = null, padBytes = null;
 const api = window.imagegen = {
   status: "loading", error: null, config: null, n: 0, row: 0, bytes: null, params: null,
   msPerStep: null, imagesPerSec: null,
-  /** Sample: opts {n, seed, temperature, uniforms (n*L numbers in [0, 1) or null), prefix (n*start
-   * bytes, or start bytes for every image), recordParams}. Resolves to {bytes, params, msPerStep}. */
+  /** Sample: opts {n, seed, temperature, uniforms (n*L numbers in [0, 1), image-major, or null), prefix
+   * (one list of bytes kept in every image, or n lists), recordParams, cols}. Resolves to
+   * {bytes (n lists of L bytes), params (Float32Array n*L*P, zeros over the prefix, or null), msPerStep}. */
   run: (opts) => start(opts),
   /** ms per step for n images, timed over `steps` positions after `warmup`. */
   bench: (n, steps = 100, warmup = 10) => request({type: "bench", n, steps, warmup}),
@@ -112,7 +113,7 @@ worker.onmessage = ({data}) => {
   if (data.type === "bench") { resolve({msPerStep: data.msPerStep}); return; }
   const L = config.length;
   api.bytes = images.map((_, r) => Array.from(data.bytes.subarray(r * L, (r + 1) * L)));
-  api.params = data.params ? Array.from(data.params) : null;
+  api.params = data.params;                                     // Float32Array (N * L * P) or null
   api.msPerStep = data.msPerStep;
   api.imagesPerSec = images.length / (data.msPerStep * L / 1000);
   api.status = "done";

@@ -69,13 +69,11 @@ def test_images(ck, count, overrides):
     return images[:count]
 
 
-def export(cfg):
-    """Write the site for cfg['checkpoint'] into cfg['out']; returns {file name: bytes written}."""
-    path, out = Path(cfg["checkpoint"]), Path(cfg["out"])
-    ck = checkpoint.load(path)
-    model = checkpoint.model_from_checkpoint(ck, path)
-    config = page_config(model, ck["config"]["data"]["name"])
-    examples = test_images(ck, cfg["examples"], cfg.get("data"))
+def write_site(model, dataset, out, examples=None):
+    """Write the site for `model` (a PixelTransformer with linear attention) of `dataset` into
+    folder `out`, with examples (n, D) uint8 or None; returns {file name: bytes written}."""
+    out = Path(out)
+    config = page_config(model, dataset)
     config["examples"] = 0 if examples is None else len(examples)
     files = {"model.safetensors": safetensors_bytes(model.state_dict()),
              "config.json": (json.dumps(config, indent=1) + "\n").encode()}
@@ -91,6 +89,15 @@ def export(cfg):
         raise UserError(f"cannot write the site to {out} ({e.strerror or e}); pass out=DIR naming a folder "
                         f"you can write to.") from None
     return {**{name: (WEB_DIR / name).stat().st_size for name in PAGE_FILES}, **{k: len(v) for k, v in files.items()}}
+
+
+def export(cfg):
+    """Write the site for cfg['checkpoint'] into cfg['out']; returns {file name: bytes written}."""
+    path = Path(cfg["checkpoint"])
+    ck = checkpoint.load(path)
+    model = checkpoint.model_from_checkpoint(ck, path)
+    page_config(model, ck["config"]["data"]["name"])          # refuse what the page cannot run before reading data
+    return write_site(model, ck["config"]["data"]["name"], cfg["out"], test_images(ck, cfg["examples"], cfg.get("data")))
 
 
 def run_export(cfg, device):

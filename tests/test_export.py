@@ -4,14 +4,12 @@ Chromium (Playwright driving Debian's /usr/bin/chromium), and the export's error
 The browser tests skip only where /usr/bin/chromium (or playwright) is missing and
 IMAGEGEN_REQUIRE_BROWSER is unset; CI sets it, so there they fail instead."""
 import base64
-import functools
-import http.server
+import contextlib
 import io
 import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -21,15 +19,13 @@ import torch
 from PIL import Image
 
 from imagegen import checkpoint
+from imagegen.benchmarks.browser import CHROMIUM, FLAGS, serve as serve_folder
 from imagegen.data import dataset_info
 from imagegen.errors import UserError
 from imagegen.export import export, safetensors_bytes
 from imagegen.model import START, build_model
 from imagegen.sampling import generate
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
 MARGIN = 1e-5   # uniforms closer than this (as a share of the total mass) to a CDF edge are moved
 
 
@@ -116,25 +112,11 @@ def browser(tmp_path_factory):
         context.close()
 
 
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def serve():
     """serve(folder) -> base URL of a static server on 127.0.0.1 for that folder."""
-    servers = []
-
-    def start(folder):
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_port}/"
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with contextlib.ExitStack() as stack:
+        yield lambda folder: stack.enter_context(serve_folder(folder))
 
 
 def open_page(browser, url):

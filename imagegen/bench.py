@@ -4,6 +4,7 @@ mode=attention   causal attention forward / forward+backward time and peak memor
 mode=train_step  whole-model training step, softmax vs linear
 mode=sampling    images/sec of linear-recurrent, softmax-KV-cache, softmax- and LSH-recompute
 mode=compare     the paper's table for trained checkpoints
+mode=browser     the exported page's JavaScript step in headless Chromium beside Python's step
 """
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from .cli import hydra_entry
 from .data import dataset_info
 from .errors import UserError
 
-MODES = ("attention", "train_step", "sampling", "compare")
+MODES = ("attention", "train_step", "sampling", "compare", "browser")
 
 
 def task(c, device):
@@ -28,6 +29,12 @@ def task(c, device):
         report.write_outputs(out, name, {"config": c, "machine": report.machine(), **result}, md)
         sampling.plot_latency(out / f"{name}-latency.png", result, c["plot_batch"], log=c["plot_log"],
                               title=f"Per-step latency, {c['arch_name']} architecture, {info.length} sub-pixels")
+    elif c["mode"] == "browser":
+        from .benchmarks import browser
+        result = browser.run(c, c["model"], info)
+        md = browser.report(result, c, c["arch_name"], info, c["model"])
+        report.write_outputs(out, f"browser-{c['data']['name']}-{c['arch_name']}",
+                             {"config": c, "machine": report.machine(), **result}, md)
     elif c["mode"] == "compare":
         from .benchmarks import compare
         from .evaluate import evaluate

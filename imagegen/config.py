@@ -127,8 +127,18 @@ class SampleConfig(CheckpointCommand):
 
 
 @dataclass
+class ExportConfig:
+    checkpoint: str = opt(MISSING, "path of a .pt checkpoint of a linear model written by imagegen-train")
+    out: str = opt("site", "folder for index.html, the JavaScript sampler, model.safetensors and config.json")
+    examples: int = opt(8, "test images included for the completion mode (0: none; skipped if the data is missing)")
+    device: str = opt("cpu", "where the checkpoint is read (the page itself runs in the browser)")
+    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    data: DataOverride = field(default_factory=lambda: DataOverride(download=False))
+
+
+@dataclass
 class BenchConfig:
-    mode: str = opt("sampling", "attention, train_step, sampling or compare")
+    mode: str = opt("sampling", "attention, train_step, sampling, compare or browser")
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
     arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")
@@ -161,6 +171,9 @@ class BenchConfig:
     cumsum_max_gb: float = opt(12.0, "attention: skip cumsum where its states would exceed this")
     train_batch: int = opt(16, "train_step: batch size")
     train_lengths: Dict[str, int] = opt({"mnist": 784, "cifar10": 3072}, "train_step: length per dataset")
+    browser_batches: List[int] = opt([1, 16], "browser: batch sizes (random weights of the preset, linear attention)")
+    browser_steps: int = opt(100, "browser: timed steps per measurement (after 10 warm-up steps)")
+    browser_rounds: int = opt(3, "browser: alternating Python / browser rounds; medians reported")
     train_precisions: List[str] = opt(["float32", "bfloat16"], "train_step: float32 and/or bfloat16 (autocast)")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -177,7 +190,7 @@ class PlotConfig:
 
 
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig,
-           "plot": PlotConfig}
+           "plot": PlotConfig, "export": ExportConfig}
 
 
 def register():

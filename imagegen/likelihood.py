@@ -94,15 +94,20 @@ def make_head(name, n_mixtures=10):
     raise UserError(f"unknown output head {name!r}; choose model.head=mixture or model.head=categorical.")
 
 
-def sample(head, params, temperature=1.0, generator=None):
+def sample(head, params, temperature=1.0, generator=None, uniforms=None):
     """Draw one byte per row of params (B, P) from the head's probabilities, sharpened as
     p^(1/temperature). Inverse CDF with one uniform per row, so two samplers that compute the
-    same probabilities draw the same bytes."""
+    same probabilities draw the same bytes. uniforms (B,) in [0, 1), if given, are those draws
+    (the browser sampler's exactness tests); otherwise they come from `generator`."""
     if temperature <= 0:
         raise UserError(f"temperature must be > 0 (got {temperature}); use 1.0 for the model's own distribution.")
     p = head.probs(params)
     if temperature != 1.0:
         p = torch.softmax(torch.log(p.double()) / temperature, dim=-1)
     cdf = p.cumsum(dim=-1)
-    u = torch.rand(len(p), 1, generator=generator, dtype=cdf.dtype, device=p.device) * cdf[:, -1:]
+    if uniforms is None:
+        u = torch.rand(len(p), 1, generator=generator, dtype=cdf.dtype, device=p.device)
+    else:
+        u = torch.as_tensor(uniforms, dtype=cdf.dtype, device=p.device).reshape(len(p), 1)
+    u = u * cdf[:, -1:]
     return torch.searchsorted(cdf, u).clamp(max=255).squeeze(-1).to(torch.uint8)

@@ -46,11 +46,11 @@ def sampler_label(model, sampler):
     return "recurrent" if model.blocks[0].attn.name == "linear" else "kv-cache"
 
 
-def decode_step(model, token, state, temperature, generator):
+def decode_step(model, token, state, temperature, generator, uniforms=None):
     """One step of the step loop: parameters for position state['t'] from the previous byte
-    `token` (N,) long, then a draw. Returns (bytes (N,) uint8, state)."""
+    `token` (N,) long, then a draw (from `uniforms` (N,) if given). Returns (bytes (N,) uint8, state)."""
     params, state = model.step(token, state)
-    return draw(model.head, params, temperature, generator), state
+    return draw(model.head, params, temperature, generator, uniforms), state
 
 
 def recompute_step(model, x, t, temperature, generator, dtype=None):
@@ -62,16 +62,17 @@ def recompute_step(model, x, t, temperature, generator, dtype=None):
 
 
 @torch.inference_mode()
-def fill_step(model, x, start, temperature, generator, on_step=None, dtype=None):
+def fill_step(model, x, start, temperature, generator, on_step=None, dtype=None, uniforms=None):
     """Sample x[:, start:] in place with model.step; x[:, :start] is the given prefix (N, D) uint8.
-    dtype: the products' (None: the parameters')."""
+    dtype: the products' (None: the parameters'); uniforms (N, D), if given, are the draws:
+    uniforms[:, t] for position t."""
     N, D = x.shape
     step = make_step(model, N, x.device, dtype)   # CUDA: one graph replay per step
     token = torch.full((N,), START, dtype=torch.long, device=x.device)
     for t in range(D):
         params = step(token)
         if t >= start:                     # the prefix only feeds the state
-            x[:, t] = draw(model.head, params, temperature, generator)
+            x[:, t] = draw(model.head, params, temperature, generator, None if uniforms is None else uniforms[:, t])
         token = x[:, t].long()
         if on_step:
             on_step(t)
@@ -89,9 +90,11 @@ def fill_recompute(model, x, start, temperature, generator, on_step=None, dtype=
 
 
 def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64, prefix=None,
-             progress=False, desc="sampling", dtype=None):
+             progress=False, desc="sampling", dtype=None, uniforms=None):
     """n images as (n, D) uint8. prefix (n, P) uint8, if given, is kept and the rest sampled.
-    dtype: None (the parameters'), float32 or bfloat16: the matrix products' (see the module docstring)."""
+    dtype: None (the parameters'), float32 or bfloat16: the matrix products' (see the module docstring).
+    uniforms (n, D) in [0, 1), if given, replace the seeded draws (step sampler only): image i
+    at position t takes uniforms[i, t], which lets another implementation reproduce the bytes."""
     model.eval()
     sampler = resolve_sampler(model, sampler)
     device = next(model.parameters()).device
@@ -100,6 +103,9 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
     if prefix is not None and (prefix.shape[0] != n or start > D):
         raise UserError(f"prefix of shape {tuple(prefix.shape)} does not fit {n} images of {D} sub-pixels.")
     check_batch_fits(model, min(batch_size, n), sampler, device)
+    if uniforms is not None and (sampler != "step" or tuple(uniforms.shape) != (n, D)):
+        raise UserError(f"explicit uniforms need the step sampler and shape ({n}, {D}), "
+                        f"got {sampler} and {tuple(uniforms.shape)}.")
     generator = torch.Generator(device=device).manual_seed(seed)
     fill = fill_step if sampler == "step" else fill_recompute
     out = torch.zeros(n, D, dtype=torch.uint8, device=device)
@@ -114,7 +120,8 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
             bar.update(1)
 
     for i in range(0, n, batch_size):
-        fill(model, out[i:i + batch_size], start, temperature, generator, on_step, dtype)
+        extra = {} if uniforms is None else {"uniforms": uniforms[i:i + batch_size]}
+        fill(model, out[i:i + batch_size], start, temperature, generator, on_step, dtype, **extra)
     bar.close()
     return out.cpu()
 

@@ -1,0 +1,116 @@
+"""imagegen-export: a linear-attention checkpoint as a static web page that samples it as an RNN
+in JavaScript (Hydra app; see conf/export.yaml).
+
+The site, servable by any static file server (python -m http.server -d DIR):
+  index.html, page.js        the page: grid sampling, completion of a drawn top half, window.imagegen
+  worker.js, sampler.js      the sampling loop (Web Worker) and the arithmetic of PixelTransformer.step
+  model.safetensors          the state_dict in float32 (8-byte LE header length, JSON header, raw LE data)
+  config.json                architecture, image shape, head
+  examples.bin               a few test images (N x D uint8) for the completion mode, when the data is there
+The safetensors file is written here (a dozen lines) rather than with the `safetensors` package: the
+format is that simple and the page reads it with as little code, so no runtime dependency is added.
+"""
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint
+from .cli import hydra_entry
+from .data import dataset_info, load_from_config
+from .errors import UserError
+from .model import START
+from .ops import EPS
+
+WEB_DIR = Path(__file__).resolve().parent / "web"
+PAGE_FILES = ("index.html", "page.js", "worker.js", "sampler.js")
+
+
+def safetensors_bytes(tensors):
+    """{name: tensor} -> the bytes of a safetensors file holding them as float32."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        blob = t.detach().cpu().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)          # the data starts 8-byte aligned (the format pads with spaces)
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
+def page_config(model, dataset):
+    """What sampler.js needs besides the weights (config.json)."""
+    attn = model.blocks[0].attn
+    if attn.name != "linear":
+        raise UserError(f"this checkpoint uses {attn.name} attention, but the browser sampler runs linear attention "
+                        f"only (an RNN with constant state); export a checkpoint trained with model=linear.")
+    info = dataset_info(dataset)
+    return {"dataset": info.name, "height": info.height, "width": info.width, "channels": info.channels,
+            "length": info.length, "n_layers": len(model.blocks), "d_model": attn.d_model, "n_heads": attn.n_heads,
+            "d_ff": model.blocks[0].ff[0].weight.shape[1], "head": model.head.name,
+            "n_mixtures": getattr(model.head, "n_mixtures", None), "n_params": model.head.n_params,
+            "min_log_scale": getattr(model.head, "MIN_LOG_SCALE", None), "ln_eps": model.ln_f.eps,
+            "attention_eps": EPS, "start_token": START}
+
+
+def test_images(ck, count, overrides):
+    """Up to `count` test images (n, D) uint8 for the completion mode, or None with a note if unavailable."""
+    if count <= 0:
+        return None
+    try:
+        (images,) = load_from_config(ck["config"]["data"], ("test",), overrides)
+    except UserError as e:
+        print(f"note: no test images included for the completion mode ({e}); drawing still works.")
+        return None
+    return images[:count]
+
+
+def write_site(model, dataset, out, examples=None):
+    """Write the site for `model` (a PixelTransformer with linear attention) of `dataset` into
+    folder `out`, with examples (n, D) uint8 or None; returns {file name: bytes written}."""
+    out = Path(out)
+    config = page_config(model, dataset)
+    config["examples"] = 0 if examples is None else len(examples)
+    files = {"model.safetensors": safetensors_bytes(model.state_dict()),
+             "config.json": (json.dumps(config, indent=1) + "\n").encode()}
+    if examples is not None:
+        files["examples.bin"] = np.ascontiguousarray(examples.numpy(), dtype=np.uint8).tobytes()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in PAGE_FILES:
+            shutil.copyfile(WEB_DIR / name, out / name)
+        for name, data in files.items():
+            (out / name).write_bytes(data)
+    except OSError as e:
+        raise UserError(f"cannot write the site to {out} ({e.strerror or e}); pass out=DIR naming a folder "
+                        f"you can write to.") from None
+    return {**{name: (WEB_DIR / name).stat().st_size for name in PAGE_FILES}, **{k: len(v) for k, v in files.items()}}
+
+
+def export(cfg):
+    """Write the site for cfg['checkpoint'] into cfg['out']; returns {file name: bytes written}."""
+    path = Path(cfg["checkpoint"])
+    ck = checkpoint.load(path)
+    model = checkpoint.model_from_checkpoint(ck, path)
+    page_config(model, ck["config"]["data"]["name"])          # refuse what the page cannot run before reading data
+    return write_site(model, ck["config"]["data"]["name"], cfg["out"], test_images(ck, cfg["examples"], cfg.get("data")))
+
+
+def run_export(cfg, device):
+    sizes = export(cfg)
+    print(f"wrote {len(sizes)} files ({sum(sizes.values()) / 2 ** 20:.1f} MiB) to {cfg['out']}; serve it with "
+          f"`python -m http.server -d {cfg['out']} 8000` and open http://127.0.0.1:8000/")
+
+
+main = hydra_entry("export", run_export,
+                   description="write a static web site that samples a linear checkpoint as an RNN in the browser "
+                               "(serve it with python -m http.server -d DIR).",
+                   examples=["imagegen-export checkpoint=checkpoints/mnist-linear-small/best.pt out=site",
+                             "python -m http.server -d site 8000   # then open http://127.0.0.1:8000/?n=16"])
+
+if __name__ == "__main__":
+    main()

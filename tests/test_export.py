@@ -1,0 +1,252 @@
+"""imagegen-export: the static site, its JavaScript sampler against the Python one in headless
+Chromium (Playwright driving Debian's /usr/bin/chromium), and the export's errors.
+
+The browser tests skip only where /usr/bin/chromium (or playwright) is missing and
+IMAGEGEN_REQUIRE_BROWSER is unset; CI sets it, so there they fail instead."""
+import base64
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from imagegen import checkpoint
+from imagegen.benchmarks.browser import CHROMIUM, FLAGS, serve as serve_folder
+from imagegen.data import dataset_info
+from imagegen.errors import UserError
+from imagegen.export import export, safetensors_bytes
+from imagegen.model import START, build_model
+from imagegen.sampling import generate
+
+MARGIN = 1e-5   # uniforms closer than this (as a share of the total mass) to a CDF edge are moved
+
+
+def tiny_checkpoint(path, head="mixture", dataset="mnist", attention="linear", data_root=None, seed=0):
+    """A checkpoint as imagegen-train writes it, of a tiny model with weights perturbed well away
+    from their initialisation (so the distributions are far from uniform)."""
+    torch.manual_seed(seed)
+    options = {"n_buckets": 4, "chunk_size": 4} if attention == "lsh" else {}
+    model_cfg = {"attention": attention, "attention_options": options, "n_layers": 2, "d_model": 32, "n_heads": 4,
+                 "d_ff": 64, "head": head, "n_mixtures": 5, "dropout": 0.0}
+    data_cfg = {"name": dataset, "root": str(data_root or path.parent / "no-data"), "download": False,
+                "val_fraction": 0.05, "split_seed": 0}
+    model = build_model(model_cfg, dataset_info(dataset))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    checkpoint.save(path, {"config": {"model": model_cfg, "data": data_cfg, "seed": 0}, "model": model.state_dict()})
+    return path
+
+
+def export_site(ck_path, out, examples=0):
+    export({"checkpoint": str(ck_path), "out": str(out), "examples": examples, "data": {"root": None}})
+    return out
+
+
+def safe_uniforms(model, u, temperature=1.0, prefix=None):
+    """u (N, L) with each draw that falls within MARGIN of an edge of its CDF (float64 model) moved
+    to the middle of the most probable value's bin, so that float32 round-off in either sampler
+    cannot flip a byte. Returns (uniforms, the bytes they draw from the float64 model, share of draws moved)."""
+    model = model.double().eval()
+    N, L = u.shape
+    u, moved = u.double().clone(), 0
+    x = torch.zeros(N, L, dtype=torch.long)
+    start = 0 if prefix is None else prefix.shape[1]
+    if prefix is not None:
+        x[:, :start] = prefix.long()
+    state = model.init_state(N, torch.device("cpu"), torch.float64)
+    token = torch.full((N,), START, dtype=torch.long)
+    with torch.inference_mode():
+        for t in range(L):
+            params, state = model.step(token, state)
+            if t >= start:
+                p = model.head.probs(params).double()
+                if temperature != 1.0:
+                    p = torch.softmax(torch.log(p) / temperature, dim=-1)
+                cdf = p.cumsum(-1) / p.sum(-1, keepdim=True)
+                lower = torch.cat([torch.zeros(N, 1, dtype=cdf.dtype), cdf[:, :-1]], 1)
+                b = torch.searchsorted(cdf, u[:, t:t + 1].contiguous()).clamp(max=255)
+                near = torch.minimum(u[:, t:t + 1] - lower.gather(1, b), cdf.gather(1, b) - u[:, t:t + 1]) < MARGIN
+                best = p.argmax(-1, keepdim=True)
+                centre = (lower.gather(1, best) + cdf.gather(1, best)) / 2
+                u[:, t:t + 1] = torch.where(near, centre, u[:, t:t + 1])
+                moved += int(near.sum())
+                x[:, t] = torch.searchsorted(cdf, u[:, t:t + 1].contiguous()).clamp(max=255).squeeze(1)
+            token = x[:, t]
+    return u, x.to(torch.uint8), moved / (N * (L - start))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The Python reference runs ~800-3000 tiny steps: one thread avoids waiting on busy cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- the browser
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if sync_playwright is None or not os.path.exists(CHROMIUM):
+        why = f"{CHROMIUM} or the playwright package is missing (apt-get install chromium; pip install -e .[dev])"
+        if os.environ.get("IMAGEGEN_REQUIRE_BROWSER"):
+            pytest.fail(why + ", and IMAGEGEN_REQUIRE_BROWSER is set")
+        pytest.skip(why)
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("chromium-profile")),
+                                                       executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def serve():
+    """serve(folder) -> base URL of a static server on 127.0.0.1 for that folder."""
+    with contextlib.ExitStack() as stack:
+        yield lambda folder: stack.enter_context(serve_folder(folder))
+
+
+def open_page(browser, url):
+    """A page at url, with its requests and errors recorded; waits until the model is loaded."""
+    page = browser.new_page()
+    page.requests, page.errors = [], []
+    page.on("request", lambda r: page.requests.append(r.url))
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+    page.goto(url)
+    page.wait_for_function("window.imagegen && ['ready', 'sampling', 'done', 'error'].includes(window.imagegen.status)",
+                           timeout=30_000)
+    assert page.evaluate("window.imagegen.status") != "error", page.evaluate("window.imagegen.error")
+    return page
+
+
+RUN = """async opts => {
+  const r = await window.imagegen.run(opts);
+  let params = null;                         // base64 of the float32 bytes: a list of 10^6 numbers is slow to pass
+  if (r.params) {
+    const b = new Uint8Array(r.params.buffer), parts = [];
+    for (let i = 0; i < b.length; i += 0x8000) parts.push(String.fromCharCode.apply(null, b.subarray(i, i + 0x8000)));
+    params = btoa(parts.join(""));
+  }
+  return {bytes: r.bytes, params, msPerStep: r.msPerStep};
+}"""
+
+
+def run_in_page(page, **opts):
+    """window.imagegen.run(opts) -> {bytes (list of N lists), params (float32 numpy (N*L*P) or None), msPerStep}."""
+    result = page.evaluate(RUN, opts)
+    if result["params"] is not None:
+        result["params"] = np.frombuffer(base64.b64decode(result["params"]), "<f4")
+    return result
+
+
+# ---------------------------------------------------------------- exactness against Python
+@pytest.mark.parametrize("head,dataset,temperature", [("mixture", "mnist", 1.0), ("categorical", "cifar10", 0.8)])
+def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset, temperature):
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", head=head, dataset=dataset)
+    model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
+    N, L = 2, model.length
+    u, py64, moved = safe_uniforms(model, torch.rand(N, L, generator=torch.Generator().manual_seed(1)), temperature)
+    assert moved < 0.05                                   # nearly all draws are the random ones
+    py32 = generate(model.float(), N, uniforms=u, temperature=temperature, batch_size=N)   # one C++ call per step
+    assert torch.equal(py32, py64)
+
+    page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
+    result = run_in_page(page, n=N, temperature=temperature, uniforms=u.flatten().tolist(), recordParams=True)
+    js = torch.tensor(result["bytes"], dtype=torch.uint8)
+    assert torch.equal(js, py32), f"first differing position {(js != py32).nonzero()[:1].tolist()}"
+    assert len(set(js.flatten().tolist())) > 10           # not a degenerate image
+
+    with torch.no_grad():
+        expected = model.double()(js)                      # (N, L, P): the teacher-forced parameters
+    got = torch.from_numpy(result["params"].astype(np.float64)).view(N, L, -1)
+    assert (got - expected).abs().max() < 1e-4
+    assert expected.abs().max() > 1                        # parameters of a real size, not all ~0
+    assert page.errors == []
+
+
+def test_completion_keeps_the_top_half(browser, serve, tmp_path):
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", seed=1)
+    model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
+    N, L, keep = 3, model.length, model.length // 2
+    prefix = torch.randint(0, 256, (N, keep), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    u, py64, _ = safe_uniforms(model, torch.rand(N, L, generator=torch.Generator().manual_seed(3)), prefix=prefix)
+    page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
+    js = torch.tensor(run_in_page(page, n=N, uniforms=u.flatten().tolist(), prefix=prefix.tolist())["bytes"],
+                      dtype=torch.uint8)
+    assert torch.equal(js[:, :keep], prefix)
+    assert torch.equal(js, py64) and torch.equal(js, generate(model.float(), N, uniforms=u, prefix=prefix, batch_size=N))
+
+
+# ---------------------------------------------------------------- the page as a visitor sees it
+def test_page_samples_a_grid_from_the_local_server_only(browser, serve, tmp_path, mnist_root):
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", data_root=mnist_root)
+    site = export_site(ck, tmp_path / "site", examples=4)
+    assert sorted(p.name for p in site.iterdir()) == ["config.json", "examples.bin", "index.html", "model.safetensors",
+                                                      "page.js", "sampler.js", "worker.js"]
+    url = serve(site)
+    page = open_page(browser, url + "?n=4&seed=5")
+    page.wait_for_function("window.imagegen.status === 'done'", timeout=30_000)
+    bytes_ = np.array(page.evaluate("window.imagegen.bytes"), np.uint8)
+    assert bytes_.shape == (4, 784) and page.evaluate("window.imagegen.msPerStep") > 0
+    assert "images/sec" in page.inner_text("#stats")
+    shot = np.asarray(Image.open(io.BytesIO(page.locator("#grid").screenshot())).convert("L"), np.float64)
+    assert shot.std() > 20 and len(np.unique(shot)) > 20  # a grid of sampled pixels, not a blank canvas
+
+    # completion mode from the query string: the first test image's top half is kept in every completion
+    page.goto(url + "?mode=complete&n=3&seed=1")
+    page.wait_for_function("window.imagegen.status === 'done'", timeout=30_000)
+    example = np.frombuffer((site / "examples.bin").read_bytes(), np.uint8)[:784]
+    completed = np.array(page.evaluate("window.imagegen.bytes"), np.uint8)
+    assert completed.shape == (3, 784) and (completed[:, :392] == example[:392]).all()
+
+    host = urlparse(url).netloc
+    assert [r for r in page.requests if urlparse(r).netloc != host] == []
+    assert page.errors == []
+
+
+# ---------------------------------------------------------------- the files and the errors (no browser)
+def test_weights_file_is_standard_safetensors(tmp_path):
+    from safetensors.numpy import load_file
+    tensors = {"a": torch.randn(3, 5), "b.c": torch.arange(7.0)}
+    (tmp_path / "w.safetensors").write_bytes(safetensors_bytes(tensors))
+    loaded = load_file(tmp_path / "w.safetensors")
+    assert sorted(loaded) == ["a", "b.c"] and all(np.array_equal(loaded[k], v.numpy()) for k, v in tensors.items())
+    assert int.from_bytes(safetensors_bytes(tensors)[:8], "little") % 8 == 0   # data 8-byte aligned
+
+
+@pytest.mark.parametrize("attention", ["softmax", "lsh"])
+def test_export_refuses_attention_the_page_cannot_run(tmp_path, attention):
+    ck = tiny_checkpoint(tmp_path / "ck.pt", attention=attention)
+    with pytest.raises(UserError, match=f"uses {attention} attention.*linear attention only"):
+        export_site(ck, tmp_path / "site")
+    assert not (tmp_path / "site").exists()
+
+
+def test_export_errors_are_one_sentence(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        export_site(bad, tmp_path / "site")
+    ck = tiny_checkpoint(tmp_path / "ck.pt")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="cannot write the site to .*pass out=DIR"):
+        export_site(ck, tmp_path / "file" / "site")
+    # through the console script: one line on stderr, no traceback
+    proc = subprocess.run([sys.executable, "-m", "imagegen.export", f"checkpoint={bad}", f"out={tmp_path / 'site'}"],
+                          capture_output=True, text=True, timeout=120)
+    err = proc.stderr.strip()
+    assert proc.returncode != 0 and len(err.splitlines()) == 1 and "not a readable checkpoint" in err, err

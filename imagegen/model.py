@@ -10,7 +10,6 @@ once into the state; the residual stream, LayerNorm, the attention's sums and th
 in the parameters' dtype (float32).
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import make_attention

@@ -6,11 +6,9 @@ IMAGEGEN_REQUIRE_BROWSER is unset; CI sets it, so there they fail instead."""
 import base64
 import contextlib
 import io
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np

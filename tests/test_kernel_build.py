@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from imagegen.ops import kernel as kernel_mod
 from imagegen.ops.kernel import build_key, locked_build

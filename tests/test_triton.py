@@ -22,7 +22,7 @@ import torch
 from imagegen import ops
 from imagegen.attention.linear import LinearAttention
 from imagegen.ops import triton_linear
-from test_ops import assert_close_all, linear_reference, make_raw_qkv, out_and_grads
+from test_ops import linear_reference, make_raw_qkv, out_and_grads
 
 try:
     import triton  # noqa: F401

@@ -25,7 +25,7 @@ from ..model import build_model
 from ..precision import dtype_name, resolve_precision
 from ..sampling import decode_step, fill_step, recompute_step
 from .. import plots
-from .report import machine, markdown_table, write_outputs
+from .report import machine, markdown_table
 
 METHODS = {  # name: (attention, sampler)
     "linear-recurrent": ("linear", "step"),

@@ -223,6 +223,7 @@ class Trainer:
             self.sample()
         if step % t["save_every"] == 0:
             self.save("last.pt")
+            self.say(f"step {step}: saved {self.last}")
 
 
 class Progress:

@@ -132,7 +132,8 @@ def check_compatible(ck, cfg, path):
                         f"use another run_dir=... or the checkpoint's settings, or train.resume=false to start over.")
     old = ck["config"].get("train", {})
     if old.get("optimizer", cfg["train"]["optimizer"]) != cfg["train"]["optimizer"]:
-        raise UserError(f"{path} holds {old['optimizer']} optimizer state but train.optimizer={cfg['train']['optimizer']} "
+        raise UserError(f"{path} holds {old['optimizer']} optimizer state but "
+                        f"train.optimizer={cfg['train']['optimizer']} "
                         f"now; resume with train.optimizer={old['optimizer']}, or start over with train.resume=false "
                         f"or another run_dir.")
     return [f"train.{k}: {old[k]!r} -> {v!r}" for k, v in cfg["train"].items()

@@ -128,7 +128,8 @@ def resolve_device(name="auto", threads=0):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if str(name).startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device={name} asked for, but this torch build sees no CUDA GPU; use device=cpu or device=auto.")
+        raise UserError(f"device={name} asked for, but this torch build sees no CUDA GPU; use device=cpu or "
+                        f"device=auto.")
     try:
         return torch.device(name)
     except RuntimeError:

@@ -118,9 +118,10 @@ def run(cfg, model_cfg, info):
                 continue
             dtype = getattr(torch, precision)
             for batch in batches:
+                cache_dtype = model.blocks[0].attn.init_state(0, 0, "cpu", dtype)["k"].dtype if attention == "softmax" \
+                    else None
                 if attention == "softmax" and sampler == "step" and \
-                        kv_cache_bytes(model_cfg, info, batch, model.blocks[0].attn.init_state(0, 0, "cpu", dtype)["k"].dtype) \
-                        > cfg["max_cache_gb"] * 2 ** 30:
+                        kv_cache_bytes(model_cfg, info, batch, cache_dtype) > cfg["max_cache_gb"] * 2 ** 30:
                     print(f"{name}: skipping batch {batch} (KV cache over {cfg['max_cache_gb']} GiB)")
                     continue
                 try:

@@ -29,12 +29,8 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..lock import exclusive, fcntl   # fcntl is None on Windows: builds are not serialised across processes
 from ..paths import data_dir
-
-try:
-    import fcntl
-except ImportError:  # Windows: no OS file lock here, builds are not serialised across processes
-    fcntl = None
 
 CSRC = data_dir("csrc")
 SOURCES = {"cpu": ["causal_product.cpp"], "cuda": ["causal_product_cuda.cu"]}
@@ -138,18 +134,10 @@ def locked_build(build_dir, build, load, what, duration="about a minute"):
     if done.is_file():
         return load()
     build_dir.mkdir(parents=True, exist_ok=True)
-    with open(build_dir / "imagegen.lock", "a+") as lock:
-        if fcntl is not None:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.seek(0)
-                owner = lock.read().strip() or "?"
-                say(f"waiting for process {owner}, which is compiling {what} in {build_dir} ...")
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            lock.truncate(0)
-            lock.write(str(os.getpid()))
-            lock.flush()
+    def wait(owner):
+        say(f"waiting for process {owner.get('pid', '?')}, which is compiling {what} in {build_dir} ...")
+
+    with exclusive(build_dir / "imagegen.lock", wait):
         if done.is_file():  # built by the process we waited for
             return load()
         stale = build_dir / "lock"

@@ -39,6 +39,12 @@ def save(path, payload):
                         f"folder's permissions, then run the same command again to resume.") from None
 
 
+def eval_json(path, split):
+    """Where imagegen-eval writes a checkpoint's result on a split (read back by the compare benchmark)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.{split}.json")
+
+
 def load(path):
     """The checked checkpoint dict at `path` (model and config; see `check_training` for resuming)."""
     path = Path(path)

@@ -55,7 +55,7 @@ def evaluate_on(cfg, device, world):
               "checkpoint_mtime": path.stat().st_mtime, "seconds": time.perf_counter() - start}
     if not world.main:
         return result
-    out = path.with_name(f"{path.stem}.{cfg['split']}.json")
+    out = checkpoint.eval_json(path, cfg["split"])
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{len(x)} {cfg['split']} images, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
           f"wrote {out}")

@@ -17,7 +17,7 @@ from .sampling import measure, timed_positions
 def current_eval(path, ck, split, max_images):
     """The result in <stem>.<split>.json when imagegen-eval wrote it for this checkpoint file (same
     mtime and step) on this split with this max_images (None: the whole split); else None."""
-    js = path.with_name(f"{path.stem}.{split}.json")
+    js = checkpoint.eval_json(path, split)
     if not js.exists():
         return None
     try:

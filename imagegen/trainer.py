@@ -176,6 +176,7 @@ class Trainer:
                 x = self.x_train[self.order.batch(state)].to(self.device, non_blocking=True)
                 torch.manual_seed(step_seed(self.cfg["seed"], state.step, self.world.rank))
                 with autocast(self.device, self.bf16):
+                    # model.nll through self.net, so that DDP hooks the forward and syncs the gradients
                     loss = -self.model.head.log_prob(self.net(x).float(), x).mean()   # nats per sub-pixel
                 # every rank agrees on stopping (a signal anywhere, rank 0's budget) and on rank 0's clock
                 signalled, spent, bad, elapsed = distributed.max_(self.world, [

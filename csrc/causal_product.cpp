@@ -29,6 +29,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
@@ -431,12 +432,15 @@ template <typename S, typename... Args> void attention_backward(Args... args) {
   else attention_backward_bf16(args...);
 }
 
-// The (L, D) rows of pair i = n * H + h of a 4-d (N, H, L, D) tensor with unit last stride.
-template <typename T>
-Rows<T> rows_of(const at::Tensor& x, int64_t i) {
-  const int64_t H = x.size(1);
-  return {static_cast<T*>(x.data_ptr()) + (i / H) * x.stride(0) + (i % H) * x.stride(1), x.stride(2)};
-}
+// The (L, D) rows of each pair i = n * H + h of a 4-d (N, H, L, D) tensor with unit last stride,
+// its pointer and strides read once (tensor calls per pair cost ~5% of a decoding step's attention).
+template <typename T> struct Heads {
+  T* p;
+  int64_t H, s0, s1, s2;
+  explicit Heads(const at::Tensor& x)
+      : p(static_cast<T*>(x.data_ptr())), H(x.size(1)), s0(x.stride(0)), s1(x.stride(1)), s2(x.stride(2)) {}
+  Rows<T> operator[](int64_t i) const { return {p + (i / H) * s0 + (i % H) * s1, s2}; }
+};
 
 // A new (N, H, L, D) tensor laid out as (N, L, H, D): what merging heads reads without a copy.
 at::Tensor empty_heads_last(const at::Tensor& like, int64_t D) {
@@ -500,6 +504,40 @@ CP_MULTIVERSION void linear_bf16_range(const float* x, const c10::BFloat16* W, c
       case 3: linear_bf16_cols<3>(x, W, b, out, K, O, c0); break;
       default: linear_bf16_cols<4>(x, W, b, out, K, O, c0); break;
     }
+  }
+}
+
+// ---- residual add and LayerNorm of the bfloat16 decoding step -------------------------------
+// Rows [n0, n1) of h (N, D) float32: h += y (bfloat16; none when y is null), then
+// out = LayerNorm(h) * w + b rounded to bfloat16, with the mean and the (biased) variance summed
+// in float32 vectors. One pass per row where torch would run an add, a LayerNorm and a copy.
+CP_MULTIVERSION void add_layer_norm_rows(float* h, const c10::BFloat16* y, const float* w, const float* b,
+                                         c10::BFloat16* out, int64_t n0, int64_t n1, int64_t D, float eps) {
+  using V = vec_t<float>;
+  constexpr int64_t B = kBlock<float>;
+  const int64_t Dv = D / B * B;
+  for (int64_t n = n0; n < n1; ++n) {
+    float* hr = h + n * D;
+    if (y) {
+      const c10::BFloat16* yr = y + n * D;
+      for (int64_t i = 0; i < Dv; i += B) store(hr + i, load(hr + i) + widen_bf16(yr + i));
+      for (int64_t i = Dv; i < D; ++i) hr[i] += static_cast<float>(yr[i]);
+    }
+    V acc{};
+    for (int64_t i = 0; i < Dv; i += B) acc += load(hr + i);
+    float sum = hsum<float>(acc);
+    for (int64_t i = Dv; i < D; ++i) sum += hr[i];
+    const float mean = sum / D;
+    acc = V{};
+    for (int64_t i = 0; i < Dv; i += B) {
+      const V d = load(hr + i) - mean;
+      acc += d * d;
+    }
+    float var = hsum<float>(acc);
+    for (int64_t i = Dv; i < D; ++i) var += (hr[i] - mean) * (hr[i] - mean);
+    const float rstd = 1.0f / std::sqrt(var / D + eps);
+    c10::BFloat16* o = out + n * D;
+    for (int64_t i = 0; i < D; ++i) o[i] = c10::BFloat16((hr[i] - mean) * rstd * w[i] + b[i]);
   }
 }
 
@@ -586,14 +624,15 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tenso
     TORCH_CHECK(!state || (state->is_contiguous() && state->scalar_type() == inv.scalar_type() &&
                            state->numel() == BH * state_n),
                 "linear attention: the state does not fit these q, k, v; make it with attention_state");
+    const Heads<const scalar_t> hq(q), hk(k), hv(v);
+    const Heads<scalar_t> ho(out);
+    T *states = state ? state->data_ptr<T>() : nullptr, *invs = inv.data_ptr<T>();
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> work(attention_scratch<T>(0, E, M));  // no per-position rows
       for (int64_t i = begin; i < end; ++i) {
-        T* S = state ? state->data_ptr<T>() + i * state_n : work.data();
-        if (!state) std::fill(S, S + state_n, T(0));
-        attention_forward<scalar_t>(rows_of<const scalar_t>(q, i), rows_of<const scalar_t>(k, i),
-                                    rows_of<const scalar_t>(v, i), rows_of<scalar_t>(out, i),
-                                    inv.data_ptr<T>() + i * L, L, E, M, static_cast<T>(eps), S,
+        T* S = states ? states + i * state_n : work.data();
+        if (!states) std::fill(S, S + state_n, T(0));
+        attention_forward<scalar_t>(hq[i], hk[i], hv[i], ho[i], invs + i * L, L, E, M, static_cast<T>(eps), S,
                                     work.data() + state_n);
       }
     });
@@ -626,22 +665,35 @@ void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
   DISPATCH_ATTENTION_TYPES(q.scalar_type(), "attention_backward", [&] {
     using T = compute_t<scalar_t>;
+    const Heads<const scalar_t> hq(q), hk(k), hv(v), ho(out), hg(grad_out);
+    const Heads<scalar_t> hgq(gq), hgk(gk), hgv(gv);
+    const T* invs = inv.data_ptr<T>();
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> work(attention_scratch<T>(L, E, M));
       for (int64_t i = begin; i < end; ++i)
-        attention_backward<scalar_t>(rows_of<const scalar_t>(q, i), rows_of<const scalar_t>(k, i),
-                                     rows_of<const scalar_t>(v, i), rows_of<const scalar_t>(out, i),
-                                     inv.data_ptr<T>() + i * L, rows_of<const scalar_t>(grad_out, i),
-                                     rows_of<scalar_t>(gq, i), rows_of<scalar_t>(gk, i), rows_of<scalar_t>(gv, i),
-                                     L, E, M, work.data());
+        attention_backward<scalar_t>(hq[i], hk[i], hv[i], ho[i], invs + i * L, hg[i], hgq[i], hgk[i], hgv[i], L, E,
+                                     M, work.data());
     });
   });
 }
 
+// b + x W through oneDNN with W prepacked for it (`imagegen.layers.pack`: torch.ops.mkldnn.
+// _reorder_linear_weight of W^T, an opaque (O, K) tensor): torch.ops.mkldnn._linear_pointwise, the
+// op torch.compile uses for frozen CPU linears, which skips repacking W at every call.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                               c10::string_view, c10::List<std::optional<at::Scalar>>,
+                                               std::optional<c10::string_view>)>();
+  return op.call(x.to(W.scalar_type()).contiguous(), W, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
+
 // b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
-// dtype, as torch.addmm(b, x.to(W.dtype), W): through linear_bf16_range for bfloat16 W, a few
-// rows and O a multiple of kLinCols, else through torch.
+// dtype, as torch.addmm(b, x.to(W.dtype), W): through oneDNN for a prepacked W (see packed_linear),
+// through linear_bf16_range for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
 at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+  if (W.is_mkldnn()) return packed_linear(x, W, b);
   const int64_t N = x.size(0), K = x.size(1), O = W.size(1);
   if (W.scalar_type() != at::kBFloat16 || N > kLinMaxRows || O % kLinCols || !W.is_contiguous() ||
       !b.is_contiguous() || b.scalar_type() != at::kBFloat16 || b.numel() != O || W.size(0) != K)
@@ -674,32 +726,57 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
 // this kernel: the loop of PixelTransformer.step in one call, which saves the Python and module
 // overhead of some ninety small ops per position (most of the batch-1 time). h (N, D): the
 // embedded input token. layers: per block [ln1 weight, bias, qkv W, b, out W, b, ln2 weight, bias,
-// ff1 W, b, ff2 W, b, decoding state], Dense weights stored (in, out). head: [ln_f weight, bias,
-// proj W, b]. -> distribution parameters (N, P); the states advance in place.
+// ff1 W, b, ff2 W, b, decoding state], Dense weights stored (in, out) or prepacked for oneDNN (see
+// packed_linear). head: [ln_f weight, bias, proj W, b]. -> distribution parameters (N, P); the
+// states advance in place.
 // The blocks' Dense weights may be bfloat16 while h and the rest are float32 (bfloat16 decoding):
-// then the LayerNorm outputs are rounded to bfloat16 for the products, the attention reads bfloat16
-// q, k, v into its float32 state, and each block's output (bfloat16) is added to the float32 h.
+// then each block output (bfloat16) is added to the float32 h and the next LayerNorm rounded to
+// bfloat16 in one pass (add_layer_norm_rows), the attention reads bfloat16 q, k, v into its float32
+// state, and the products return bfloat16.
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps) {
-  TORCH_CHECK(h.dim() == 2 && head.size() == 4 && n_heads > 0 && h.size(1) % n_heads == 0,
-              "decode_step: h must be (N, D) with D divisible by n_heads, and head hold 4 tensors");
+  TORCH_CHECK(h.dim() == 2 && head.size() == 4 && n_heads > 0 && h.size(1) % n_heads == 0 && !layers.empty(),
+              "decode_step: h must be (N, D) with D divisible by n_heads, layers not empty and head hold 4 tensors");
   const int64_t N = h.size(0), D = h.size(1), E = D / n_heads;
-  // h + x W + b: one addmm into h when W is h's dtype, else the product in W's dtype added to h.
-  auto add_product = [&](const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
-    return W.scalar_type() == h.scalar_type() ? at::addmm(h, x, W).add_(b) : at::add(h, decode_linear(x, W, b));
-  };
+  const auto dtype = layers.front()[2].scalar_type();  // the products' dtype
   for (const auto& w : layers) {
     TORCH_CHECK(w.size() == 13, "decode_step: each layer takes 13 tensors");
-    const auto dtype = w[2].scalar_type();  // the products' dtype
-    TORCH_CHECK(w[3].scalar_type() == dtype && w[4].scalar_type() == dtype && w[5].scalar_type() == dtype &&
-                    w[8].scalar_type() == dtype && w[9].scalar_type() == dtype && w[10].scalar_type() == dtype &&
-                    w[11].scalar_type() == dtype,
-                "decode_step: a block's Dense weights and biases must share one dtype");
-    auto qkv = decode_linear(at::layer_norm(h, {D}, w[0], w[1], ln_eps), w[2], w[3]).view({N, 3, n_heads, 1, E});
-    auto a = std::get<0>(attention_forward_cpu(qkv.select(1, 0), qkv.select(1, 1), qkv.select(1, 2), eps, w[12]));
-    h = add_product(a.reshape({N, D}), w[4], w[5]);                          // h + attention out W + b
-    auto f = decode_linear(at::layer_norm(h, {D}, w[6], w[7], ln_eps), w[8], w[9]);
-    h = add_product(at::gelu_(f), w[10], w[11]);                             // h + GELU(ff1) W + b
+    for (int j : {2, 3, 4, 5, 8, 9, 10, 11})
+      TORCH_CHECK(w[j].scalar_type() == dtype, "decode_step: every block's Dense weights and biases must share one dtype");
+  }
+  auto attention = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {  // LayerNorm'd x -> (N, D)
+    auto qkv = decode_linear(x, w[2], w[3]).view({N, 3, n_heads, 1, E});
+    return std::get<0>(attention_forward_cpu(qkv.select(1, 0), qkv.select(1, 1), qkv.select(1, 2), eps, w[12]))
+        .reshape({N, D});
+  };
+  if (dtype == at::kBFloat16 && h.scalar_type() == at::kFloat) {
+    h = h.contiguous().clone();                     // the float32 residual stream, updated in place
+    at::Tensor y;                                   // the last block output not yet added to h
+    auto add_norm = [&](const at::Tensor& w, const at::Tensor& b) {  // h += y; -> LayerNorm(h) in bfloat16
+      TORCH_CHECK(w.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && w.is_contiguous() &&
+                      b.is_contiguous() && (!y.defined() || (y.scalar_type() == at::kBFloat16 && y.is_contiguous())),
+                  "decode_step: LayerNorm parameters must be contiguous float32");
+      auto out = at::empty({N, D}, h.options().dtype(at::kBFloat16));
+      const auto* yp = y.defined() ? y.data_ptr<c10::BFloat16>() : nullptr;
+      at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+        add_layer_norm_rows(h.data_ptr<float>(), yp, w.data_ptr<float>(), b.data_ptr<float>(),
+                            out.data_ptr<c10::BFloat16>(), n0, n1, D, static_cast<float>(ln_eps));
+      });
+      return out;
+    };
+    for (const auto& w : layers) {
+      y = decode_linear(attention(add_norm(w[0], w[1]), w), w[4], w[5]);                    // attention out W + b
+      auto f = decode_linear(add_norm(w[6], w[7]), w[8], w[9]);
+      y = decode_linear(at::gelu_(f), w[10], w[11]);                                           // GELU(ff1) W + b
+    }
+    h.add_(y);
+  } else {
+    TORCH_CHECK(dtype == h.scalar_type(), "decode_step: the products must be bfloat16 or h's dtype");
+    for (const auto& w : layers) {        // h + x W + b as one addmm into h
+      h = at::addmm(h, attention(at::layer_norm(h, {D}, w[0], w[1], ln_eps), w), w[4]).add_(w[5]);
+      auto f = at::addmm(w[9], at::layer_norm(h, {D}, w[6], w[7], ln_eps), w[8]);
+      h = at::addmm(h, at::gelu_(f), w[10]).add_(w[11]);
+    }
   }
   return at::addmm(head[3], at::layer_norm(h, {D}, head[0], head[1], ln_eps), head[2]);
 }

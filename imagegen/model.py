@@ -36,7 +36,7 @@ class Block(nn.Module):
     def init_state(self, batch, max_len, device, dtype):
         """The attention's decoding state plus the feed-forward weights for products in dtype."""
         return {**self.attn.init_state(batch, max_len, device, dtype),
-                "ff": (self.ff[0].cast(dtype), self.ff[2].cast(dtype))}
+                "ff": (self.ff[0].cast(dtype, batch), self.ff[2].cast(dtype, batch))}
 
     def step(self, x_t, state):                              # (N, D), in the parameters' dtype
         y, state = self.attn.step(self.ln1(x_t), state)

@@ -8,6 +8,7 @@ import torch
 
 from imagegen import precision
 from imagegen.errors import UserError
+from imagegen.layers import PACK_MIN_ROWS, can_pack, dense, pack
 from imagegen.model import PixelTransformer
 from test_cli import TINY, one_line_error, run
 
@@ -59,12 +60,12 @@ def test_bad_precision_is_one_sentence():
         precision.resolve_precision("half", CPU)
 
 
-def scaled_model(attention, length=300, impl="auto", seed=0):
+def scaled_model(attention, length=300, impl="auto", seed=0, d_model=64):
     """A small model whose weights are scaled up from the 0.02 init so that its activations and
     distribution parameters are O(1), as in a trained model, rather than near zero."""
     torch.manual_seed(seed)
     options = {"impl": impl} if attention == "linear" else {}
-    model = PixelTransformer(length, 1, 20, attention, n_layers=3, d_model=64, n_heads=4, d_ff=128,
+    model = PixelTransformer(length, 1, 20, attention, n_layers=3, d_model=d_model, n_heads=4, d_ff=128,
                              attention_options=options).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -100,6 +101,7 @@ def assert_close_distributions(model, got, want):
     assert (p - q).abs().sum(-1).max().item() / 2 < MAX_TV
 
 
+@pytest.mark.parametrize("batch", [3, 8])   # 8: weights prepacked for oneDNN (layers.pack), where it can
 @pytest.mark.parametrize("attention, whole_model_kernel, impl, bf16_cache", [
     ("linear", True, "auto", False),        # the one-call C++ step
     ("linear", False, "auto", False),       # the per-module loop over the fused kernel's step
@@ -107,11 +109,11 @@ def assert_close_distributions(model, got, want):
     ("softmax", False, "auto", False),      # KV cache float32
     ("softmax", False, "auto", True),       # KV cache in bfloat16
 ])
-def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl, bf16_cache):
+def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl, bf16_cache, batch):
     model = scaled_model(attention, impl=impl)
     for block in model.blocks:
         block.attn.bf16_cache = bf16_cache
-    x = torch.randint(0, 256, (3, model.length), generator=torch.Generator().manual_seed(1))
+    x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(1))
     want, _ = decode_params(model, x, torch.float32, whole_model_kernel)
     got, state = decode_params(model, x, torch.bfloat16, whole_model_kernel)
     if attention == "linear" and impl == "auto" and "fused" not in state["layers"][0]:
@@ -119,6 +121,7 @@ def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl, b
     assert ("kernel" in state) == (whole_model_kernel and impl == "auto")
     layer = state["layers"][0]
     assert layer["qkv"][0].dtype == layer["ff"][1][0].dtype == torch.bfloat16       # converted once, here
+    assert layer["qkv"][0].is_mkldnn == layer["ff"][1][0].is_mkldnn == (batch >= PACK_MIN_ROWS and can_pack())
     sums = layer.get("fused", layer.get("S", layer.get("k")))
     assert sums.dtype == (torch.bfloat16 if bf16_cache else torch.float32)
     assert want.abs().max() > 1.0                         # the parameters are not all near zero
@@ -127,11 +130,13 @@ def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl, b
     assert (got - want).abs().max() > 0
 
 
-def test_one_call_bfloat16_step_equals_the_module_loop():
-    """The C++ decode_step and the per-module loop round at the same points, so they agree to
-    float32 accuracy in bfloat16 too (ties in rounding aside)."""
-    model = scaled_model("linear", length=100)
-    x = torch.randint(0, 256, (2, model.length), generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("batch, d_model", [(2, 64), (8, 64), (8, 40)])   # 40: rows not a multiple of 16 floats
+def test_one_call_bfloat16_step_equals_the_module_loop(batch, d_model):
+    """The C++ decode_step (its own residual add + LayerNorm pass, the products prepacked from
+    batch 5) and the per-module loop (torch's add and LayerNorm) round at the same points, so they
+    agree to float32 accuracy in bfloat16 too (ties in rounding aside)."""
+    model = scaled_model("linear", length=100, d_model=d_model)
+    x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(2))
     fast, state = decode_params(model, x, torch.bfloat16, True)
     if "kernel" not in state:
         pytest.skip("the fused CPU kernel is unavailable")
@@ -163,19 +168,24 @@ def test_eval_precision_option(mnist_root, tmp_path):
 
 @pytest.mark.parametrize("N, K, O, dtype", [(1, 256, 1024, torch.bfloat16), (3, 1024, 256, torch.bfloat16),
                                              (4, 64, 192, torch.bfloat16), (6, 64, 128, torch.bfloat16),
-                                             (2, 64, 100, torch.bfloat16), (2, 64, 128, torch.float32)])
+                                             (2, 64, 100, torch.bfloat16), (2, 64, 128, torch.float32),
+                                             (5, 64, 100, torch.bfloat16), (64, 1024, 256, torch.bfloat16),
+                                             (256, 256, 768, torch.bfloat16)])
 def test_decode_linear_against_float64(N, K, O, dtype):
-    """The decoding step's small-batch product (C++; its own bfloat16 loop for up to 4 rows and
-    O a multiple of 64, torch's addmm otherwise) against the float64 product of the same values:
-    off by no more than the output's rounding (2^-8 relative for bfloat16) plus float32 summing."""
+    """The decoding step's product (C++; its own bfloat16 loop for up to 4 rows and O a multiple
+    of 64, oneDNN with the weight prepacked by `layers.pack` from 5 rows, torch's addmm otherwise)
+    and `layers.dense` over the same weights against the float64 product of the same values: off by
+    no more than the output's rounding (2^-8 relative for bfloat16) plus float32 summing."""
     from imagegen.ops.kernel import kernel_error, load_kernel
     if kernel_error("cpu") is not None:
         pytest.skip("the CPU kernel is unavailable")
     g = torch.Generator().manual_seed(N * K + O)
     x = torch.randn(N, K, generator=g)
     W, b = torch.randn(K, O, generator=g).to(dtype), torch.randn(O, generator=g).to(dtype)
-    got = load_kernel("cpu").decode_linear(x, W, b)
-    assert got.dtype == dtype and got.shape == (N, O)
+    packed = pack(W, N)
+    assert packed.is_mkldnn == (dtype == torch.bfloat16 and N >= PACK_MIN_ROWS and can_pack())
     exact = torch.addmm(b.double(), x.to(dtype).double(), W.double())
     rel = 2.0 ** -8 if dtype == torch.bfloat16 else 1e-6
-    assert ((got.double() - exact).abs() <= rel * exact.abs() + 1e-5 * K ** 0.5).all()
+    for got in (load_kernel("cpu").decode_linear(x, packed, b), dense(x, (packed, b))):
+        assert got.dtype == dtype and got.shape == (N, O)
+        assert ((got.double() - exact).abs() <= rel * exact.abs() + 1e-5 * K ** 0.5).all()

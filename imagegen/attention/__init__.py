@@ -60,9 +60,9 @@ class Attention(nn.Module):
         N, H, L, M = y.shape
         return self.out(y.transpose(1, 2).reshape(N, L, H * M))
 
-    def step_weights(self, dtype):
-        """The projections' (weight, bias) for decoding products in dtype (see `Dense.cast`)."""
-        return {"qkv": self.qkv.cast(dtype), "out": self.out.cast(dtype)}
+    def step_weights(self, dtype, batch):
+        """The projections' (weight, bias) for decoding products in dtype at batch rows (see `Dense.cast`)."""
+        return {"qkv": self.qkv.cast(dtype, batch), "out": self.out.cast(dtype, batch)}
 
     def merge_step(self, y, state):
         """(N, ..., M) heads of one position -> (N, D) through the state's output projection."""

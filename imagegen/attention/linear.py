@@ -38,7 +38,7 @@ class LinearAttention(Attention):
         """Constant-size state whatever max_len: the fused kernel's (N*H, S and z), else
         S (N*H, E, M+1) whose last column is Z; both float32 for bfloat16 products."""
         like, NH, E = torch.empty(0, device=device, dtype=dtype), batch * self.n_heads, self.head_dim
-        weights = self.step_weights(dtype)
+        weights = self.step_weights(dtype, batch)
         if uses_fused_kernel(self.impl, like):
             return {"fused": fused_state(like, NH, E, E), **weights}
         S = torch.zeros(NH, E, E + 1, device=device, dtype=compute_dtype(like))

@@ -30,7 +30,7 @@ class SoftmaxAttention(Attention):
         shape = (batch, self.n_heads, max_len, self.head_dim)
         cache = torch.float32 if dtype == torch.bfloat16 and not self.bf16_cache else dtype
         return {"k": torch.zeros(shape, device=device, dtype=cache),
-                "v": torch.zeros(shape, device=device, dtype=cache), "t": 0, **self.step_weights(dtype)}
+                "v": torch.zeros(shape, device=device, dtype=cache), "t": 0, **self.step_weights(dtype, batch)}
 
     def step(self, x_t, state):                              # x_t (N, D)
         N, H, E = x_t.shape[0], self.n_heads, self.head_dim

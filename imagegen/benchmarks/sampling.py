@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from ..allocator import keep_freed_memory
 from ..errors import UserError
 from ..memory import check_batch_fits
 from ..model import build_model
@@ -83,10 +84,28 @@ def integrate(positions, latencies, D):
     return float(np.interp(np.arange(D), positions, latencies).sum())
 
 
+def latency(model, sampler, batch, t, reps, dtype=None):
+    """Seconds per step of this sampler near position t."""
+    return step_latency(model, batch, t, reps, dtype=dtype) if sampler == "step" else \
+        recompute_latency(model, batch, t, dtype=dtype)
+
+
 def measure(model, sampler, batch, positions, reps, dtype=None):
-    lat = [step_latency(model, batch, t, reps, dtype=dtype) if sampler == "step" else
-           recompute_latency(model, batch, t, dtype=dtype) for t in positions]
+    lat = [latency(model, sampler, batch, t, reps, dtype) for t in positions]
     return integrate(positions, lat, model.length), lat
+
+
+def row_of(name, precision, batch, positions, lat, D, probe_positions):
+    """The result row of one method, precision and batch from its per-position latencies."""
+    seconds = integrate(positions, lat, D)
+    row = {"method": name, "precision": precision, "batch": batch, "seconds_per_batch": seconds,
+           "images_per_sec": batch / seconds, "seconds_per_image": seconds / batch,
+           "step_ms_first": lat[0] * 1e3, "step_ms_last": lat[-1] * 1e3}
+    at = dict(zip(positions, lat))
+    probes = [p for p in probe_positions if p in at]
+    if len(probes) == 2:      # latency growth, e.g. step at position 3000 over step at 100
+        row["latency_growth"] = at[probes[1]] / at[probes[0]]
+    return row
 
 
 def kv_cache_bytes(model_cfg, info, batch, dtype=torch.float32):
@@ -98,9 +117,25 @@ def timed_positions(D, n, probes=()):
     return sorted({int(p) for p in np.linspace(0, D - 1, n)} | {p for p in probes if p < D})
 
 
+def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dtype):
+    """Why this batch cannot be measured in this precision (a sentence), or None."""
+    if attention == "softmax" and sampler == "step":
+        cache_dtype = model.blocks[0].attn.init_state(0, 0, "cpu", dtype)["k"].dtype
+        if kv_cache_bytes(model_cfg, info, batch, cache_dtype) > cfg["max_cache_gb"] * 2 ** 30:
+            return f"KV cache over {cfg['max_cache_gb']} GiB"
+    try:
+        check_batch_fits(model, batch, sampler, torch.device("cpu"))
+    except UserError as e:
+        return str(e)
+    return None
+
+
 def run(cfg, model_cfg, info):
-    """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method)."""
+    """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method).
+    The precisions are measured in turn at every position of every batch, so that a change in
+    the machine's load between them shows in both and their ratio stays fair."""
     torch.manual_seed(cfg["seed"])
+    keep_freed_memory()      # malloc as imagegen-sample sets it: no fresh pages for each step's buffers
     positions = timed_positions(info.length, cfg["n_positions"], cfg["probe_positions"])
     precisions = [dtype_name(resolve_precision(p, torch.device("cpu"), "sampling_precisions"))
                   for p in cfg["sampling_precisions"]]
@@ -113,34 +148,28 @@ def run(cfg, model_cfg, info):
         if name == "softmax-kv-cache-bf16":
             for block in model.blocks:
                 block.attn.bf16_cache = True
-        for precision in precisions:
-            if name == "softmax-kv-cache-bf16" and precision != "bfloat16":
-                continue
-            dtype = getattr(torch, precision)
-            for batch in batches:
-                cache_dtype = model.blocks[0].attn.init_state(0, 0, "cpu", dtype)["k"].dtype if attention == "softmax" \
-                    else None
-                if attention == "softmax" and sampler == "step" and \
-                        kv_cache_bytes(model_cfg, info, batch, cache_dtype) > cfg["max_cache_gb"] * 2 ** 30:
-                    print(f"{name}: skipping batch {batch} (KV cache over {cfg['max_cache_gb']} GiB)")
-                    continue
-                try:
-                    check_batch_fits(model, batch, sampler, torch.device("cpu"))
-                except UserError as e:
-                    print(f"{name}: skipping batch {batch} ({e})")
-                    continue
-                seconds, lat = measure(model, sampler, batch, positions, cfg["reps"], dtype)
-                at = dict(zip(positions, lat))
-                row = {"method": name, "precision": precision, "batch": batch, "seconds_per_batch": seconds,
-                       "images_per_sec": batch / seconds, "seconds_per_image": seconds / batch,
-                       "step_ms_first": lat[0] * 1e3, "step_ms_last": lat[-1] * 1e3}
-                if sampler == "step" and batch == 1:
-                    row["whole_image_seconds"] = whole_image_seconds(model, cfg["seed"], dtype)
-                probes = [p for p in cfg["probe_positions"] if p in at]
-                if len(probes) == 2:      # latency growth, e.g. step at position 3000 over step at 100
-                    row["latency_growth"] = at[probes[1]] / at[probes[0]]
+        ours = [p for p in precisions if name != "softmax-kv-cache-bf16" or p == "bfloat16"]
+        for batch in batches:
+            todo = []
+            for precision in ours:
+                reason = skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch,
+                                     getattr(torch, precision))
+                if reason:
+                    print(f"{name}: skipping batch {batch} in {precision} ({reason})")
+                else:
+                    todo.append(precision)
+            lat = {p: [] for p in todo}
+            for t in positions:                  # the precisions in turn at each position
+                for p in todo:
+                    lat[p].append(latency(model, sampler, batch, t, cfg["reps"], getattr(torch, p)))
+            whole = {p: whole_image_seconds(model, cfg["seed"], getattr(torch, p))
+                     for p in todo if sampler == "step" and batch == 1}
+            for precision in todo:
+                row = row_of(name, precision, batch, positions, lat[precision], model.length, cfg["probe_positions"])
+                if precision in whole:
+                    row["whole_image_seconds"] = whole[precision]
                 results.append(row)
-                curves[precision][(name, batch)] = lat
+                curves[precision][(name, batch)] = lat[precision]
                 print(f"{name:18s} {precision:8s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
                       f"(step {row['step_ms_first']:.2f} -> {row['step_ms_last']:.2f} ms)", flush=True)
     if not results:

@@ -12,14 +12,15 @@ bounded sweep and reported at its best; batch 1 gives seconds per image (Table 5
 the step samplers one whole image is also sampled at batch 1 and timed end to end.
 Each method runs in every precision of `sampling_precisions` (float32; bfloat16: the step loops'
 products in bfloat16 with weights converted once, the KV cache float32 except for the method
-softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; see `imagegen.sampling`).
+softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; see `imagegen.sampling`),
+the precisions in turn at each position, so that a shared machine's changing load reaches both
+and the "x float32" ratio compares like with like.
 """
 import time
 
 import numpy as np
 import torch
 
-from ..allocator import keep_freed_memory
 from ..errors import UserError
 from ..memory import check_batch_fits
 from ..model import build_model
@@ -131,11 +132,8 @@ def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dt
 
 
 def run(cfg, model_cfg, info):
-    """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method).
-    The precisions are measured in turn at every position of every batch, so that a change in
-    the machine's load between them shows in both and their ratio stays fair."""
+    """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method)."""
     torch.manual_seed(cfg["seed"])
-    keep_freed_memory()      # malloc as imagegen-sample sets it: no fresh pages for each step's buffers
     positions = timed_positions(info.length, cfg["n_positions"], cfg["probe_positions"])
     precisions = [dtype_name(resolve_precision(p, torch.device("cpu"), "sampling_precisions"))
                   for p in cfg["sampling_precisions"]]

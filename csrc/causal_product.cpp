@@ -686,7 +686,8 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                                c10::string_view, c10::List<std::optional<at::Scalar>>,
                                                std::optional<c10::string_view>)>();
-  return op.call(x.to(W.scalar_type()).contiguous(), W, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+  return op.call(x.to(W.scalar_type()).contiguous(), W, b, "none", c10::List<std::optional<at::Scalar>>(),
+                 std::nullopt);
 }
 
 // b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
@@ -742,7 +743,8 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
   for (const auto& w : layers) {
     TORCH_CHECK(w.size() == 13, "decode_step: each layer takes 13 tensors");
     for (int j : {2, 3, 4, 5, 8, 9, 10, 11})
-      TORCH_CHECK(w[j].scalar_type() == dtype, "decode_step: every block's Dense weights and biases must share one dtype");
+      TORCH_CHECK(w[j].scalar_type() == dtype,
+                  "decode_step: every block's Dense weights and biases must share one dtype");
   }
   auto attention = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {  // LayerNorm'd x -> (N, D)
     auto qkv = decode_linear(x, w[2], w[3]).view({N, 3, n_heads, 1, E});

@@ -144,6 +144,20 @@ def test_one_call_bfloat16_step_equals_the_module_loop(batch, d_model):
     torch.testing.assert_close(fast, slow, atol=1e-2, rtol=1e-2)
 
 
+def test_without_onednn_packing_the_step_multiplies_plain_weights(monkeypatch):
+    """Where oneDNN cannot prepack bfloat16 weights, the state keeps plain (in, out) bfloat16
+    weights and both steps multiply through addmm, to the same parameters as the packed ones."""
+    from imagegen import layers
+    model = scaled_model("linear", length=60)
+    x = torch.randint(0, 256, (8, model.length), generator=torch.Generator().manual_seed(3))
+    packed, _ = decode_params(model, x, torch.bfloat16)
+    monkeypatch.setattr(layers, "can_pack", lambda: False)
+    for whole_model_kernel in (True, False):
+        plain, state = decode_params(model, x, torch.bfloat16, whole_model_kernel)
+        assert not state["layers"][0]["qkv"][0].is_mkldnn
+        torch.testing.assert_close(plain, packed, atol=1e-2, rtol=1e-2)
+
+
 def test_float32_state_uses_the_parameters_themselves():
     model = scaled_model("linear", length=20)
     layer = model.init_state(1, CPU, torch.float32)["layers"][0]

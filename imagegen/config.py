@@ -262,6 +262,8 @@ def check_train(cfg, memory_bytes=None):
 
 
 def check_sample(cfg):
+    if cfg["mode"] not in ("grid", "complete"):
+        raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
     positive(cfg, ("num_images", "num_originals", "completions", "nrow", "scale", "batch_size", "temperature"), "")
 
 

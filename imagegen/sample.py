@@ -6,15 +6,12 @@ from . import checkpoint
 from .cli import hydra_entry
 from .config import check_sample
 from .data import dataset_info, load_from_config
-from .errors import UserError
 from .precision import dtype_name, resolve_precision
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
 
 
 def run_sample(cfg, device):
     check_sample(cfg)
-    if cfg["mode"] not in ("grid", "complete"):
-        raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
     path = Path(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
@@ -31,7 +28,7 @@ def run_sample(cfg, device):
         seqs = generate(model, cfg["num_images"], desc=f"{label} sampling", **common)
         images = to_images(seqs, info)
         nrow = cfg["nrow"]
-    elif cfg["mode"] == "complete":
+    else:                                    # mode=complete (check_sample allows no other)
         (originals,) = load_from_config(ck["config"]["data"], ("test",), cfg["data"])
         originals = originals[: cfg["num_originals"]]
         k = cfg["completions"]
@@ -41,8 +38,6 @@ def run_sample(cfg, device):
         completions = to_images(seqs, info).reshape(len(originals), k, info.height, info.width, info.channels)
         images = completion_rows(to_images(originals, info), completions, keep)
         nrow = k + 2
-    else:
-        raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
     seconds = time.perf_counter() - start
     grid(images, nrow=nrow, scale=cfg["scale"]).save(out)
     if cfg["save_each"]:

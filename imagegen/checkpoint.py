@@ -15,6 +15,7 @@ import torch
 from .data import dataset_info
 from .errors import UserError
 from .model import build_model
+from .precision import dtype_name
 
 FORMAT = "imagegen/1"
 
@@ -97,7 +98,7 @@ def check_weights(state_dict, path):
         raise damaged(path, "its weights are not a dict of tensors")
     for name, t in state_dict.items():
         if not t.is_floating_point():
-            raise damaged(path, f"weight {name} holds {str(t.dtype).replace('torch.', '')} values where floats belong")
+            raise damaged(path, f"weight {name} holds {dtype_name(t.dtype)} values where floats belong")
         if not torch.isfinite(t).all():
             raise UserError(f"{path} holds non-finite weights (NaN or inf in {name}): the run diverged before this "
                             f"save; use an earlier checkpoint (best.pt) or train again with a lower train.lr.")

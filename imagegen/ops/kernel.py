@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable
 
 from ..lock import exclusive, fcntl   # fcntl is None on Windows: builds are not serialised across processes
 from ..paths import data_dir
+from ..precision import dtype_name
 
 CSRC = data_dir("csrc")
 SOURCES = {"cpu": ["causal_product.cpp"], "cuda": ["causal_product_cuda.cu"]}
@@ -57,7 +58,8 @@ def _build(device_type):
     if device_type not in SOURCES:
         raise KernelUnavailable(f"no compiled causal product for device type {device_type!r}")
     sources = [CSRC / s for s in SOURCES[device_type]]
-    missing = [str(s) for s in sources + [CSRC / h for h in HEADERS] if not s.is_file()]
+    files = sources + [CSRC / h for h in HEADERS]
+    missing = [str(s) for s in files if not s.is_file()]
     if missing:
         raise KernelUnavailable(f"kernel sources not found: {', '.join(missing)}")
     cxx = os.environ.get("CXX", "c++")
@@ -77,7 +79,7 @@ def _build(device_type):
         # nvcc's -O sets host-code optimisation only (device code is optimised regardless);
         # leaving it out saves minutes of gcc time on torch's headers.
         kwargs["extra_cuda_cflags"] = []
-    key = build_key(sources + [CSRC / h for h in HEADERS], cxx, cflags, ldflags, kwargs,
+    key = build_key(files, cxx, cflags, ldflags, kwargs,
                     cpp_extension.CUDA_HOME if device_type == "cuda" else None)
     name = f"imagegen_causal_product_{device_type}_{key}"  # module name and folder name
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
@@ -195,15 +197,21 @@ def ensure_kernel(device_type):
     return kernel_error(device_type, warn=True)
 
 
+def unsupported(takes, dtypes, max_dim, q, v):
+    """None when what `takes` names (say "the cpu kernel supports") takes q's dtype, one of `dtypes`,
+    and head dims E = q.shape[-1], M = v.shape[-1] up to max_dim (None: any), else a sentence why not."""
+    if q.dtype not in dtypes:
+        return f"{takes} {', '.join(map(dtype_name, dtypes)) or 'no dtype'}, got {dtype_name(q.dtype)}"
+    if max_dim is not None and max(q.shape[-1], v.shape[-1]) > max_dim:
+        return f"{takes} head dims E, M <= {max_dim}, got E={q.shape[-1]}, M={v.shape[-1]}"
+    return None
+
+
 def kernel_unsupported(q, v):
     """None when the kernel handles this dtype/shape on this device, else a sentence why not."""
     device_type = q.device.type
-    if q.dtype not in DTYPES.get(device_type, ()):
-        names = ", ".join(str(d).replace("torch.", "") for d in DTYPES.get(device_type, ()))
-        return f"the {device_type} kernel supports {names or 'no dtype'}, got {str(q.dtype).replace('torch.', '')}"
-    if device_type == "cuda" and max(q.shape[-1], v.shape[-1]) > MAX_CUDA_DIM:
-        return f"the cuda kernel supports head dims E, M <= {MAX_CUDA_DIM}, got E={q.shape[-1]}, M={v.shape[-1]}"
-    return None
+    return unsupported(f"the {device_type} kernel supports", DTYPES.get(device_type, ()),
+                       MAX_CUDA_DIM if device_type == "cuda" else None, q, v)
 
 
 class CausalProduct(torch.autograd.Function):

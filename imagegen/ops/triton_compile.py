@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from ..precision import dtype_name
 from .triton_linear import plan
 
 SHARED_LIMIT = 99 * 1024  # bytes per block an sm_86 / sm_89 GPU allows (the least of sm_80 and later)
@@ -61,7 +62,7 @@ def main(argv=None):
         for dtype in (getattr(torch, d) for d in args.dtypes):
             for dim in args.dims:
                 for launch, (name, constexprs, warps) in plan(dim, dim, dtype).items():
-                    what = f"sm_{arch} {str(dtype)[6:]:8s} E=M={dim:<3d} {launch:7s}"
+                    what = f"sm_{arch} {dtype_name(dtype):8s} E=M={dim:<3d} {launch:7s}"
                     start = time.perf_counter()
                     try:
                         shared = compile_one(name, constexprs, warps, dtype, arch).metadata.shared

@@ -18,7 +18,7 @@ import warnings
 import torch
 from torch.autograd.function import once_differentiable
 
-from .kernel import empty_heads_last, unpack
+from .kernel import empty_heads_last, unpack, unsupported
 
 MAX_DIM = 128  # beyond, a chunk of 16 would need more shared memory than consumer GPUs have (see `plan`)
 DTYPES = {"cuda": (torch.float32, torch.float16, torch.bfloat16), "cpu": (torch.float32, torch.float16)}
@@ -30,12 +30,7 @@ _warned = set()  # device types whose fallback has been announced
 def triton_unsupported(q, v):
     """None when the Triton kernels take this dtype and these head dims on this device, else why not."""
     device_type = q.device.type
-    if q.dtype not in DTYPES.get(device_type, ()):
-        names = ", ".join(str(d).replace("torch.", "") for d in DTYPES.get(device_type, ()))
-        return f"the Triton kernels on {device_type} take {names or 'no dtype'}, got {str(q.dtype).replace('torch.', '')}"
-    if max(q.shape[-1], v.shape[-1]) > MAX_DIM:
-        return f"the Triton kernels take head dims E, M <= {MAX_DIM}, got E={q.shape[-1]}, M={v.shape[-1]}"
-    return None
+    return unsupported(f"the Triton kernels on {device_type} take", DTYPES.get(device_type, ()), MAX_DIM, q, v)
 
 
 def triton_error(device_type, warn=False):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -113,15 +114,24 @@ def test_failed_build_says_so_and_is_not_marked_done(tmp_path, capfd):
     assert not (tmp_path / "done").exists()
 
 
+@contextmanager
+def holder(d, seconds, text, log):
+    """A HOLDER process building into d, yielded once it holds the build; killed on leaving if still alive."""
+    proc = start(["-c", HOLDER, str(d), str(seconds), text], log)
+    try:
+        wait_for(lambda: (d / "lock").exists(), 60, "the holder to start building")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @needs_flock
 def test_killed_builder_leaves_no_lock_that_stops_the_next(tmp_path, capfd):
     d = tmp_path / "build"
-    holder = start(["-c", HOLDER, str(d), "600", "never"], tmp_path / "holder.log")
-    try:
-        wait_for(lambda: (d / "lock").exists(), 60, "the holder to start building")
-    finally:
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait()
+    with holder(d, 600, "never", tmp_path / "holder.log") as proc:
+        os.killpg(proc.pid, signal.SIGKILL)
     assert (d / "lock").exists()                     # torch's lock file, left behind
     begin = time.monotonic()
     assert locked_build(d, build=lambda: "rebuilt", load=lambda: pytest.fail("loaded"), what="it") == "rebuilt"
@@ -134,18 +144,13 @@ def test_killed_builder_leaves_no_lock_that_stops_the_next(tmp_path, capfd):
 @needs_flock
 def test_concurrent_build_waits_saying_so_then_reuses(tmp_path, capfd):
     d = tmp_path / "build"
-    holder = start(["-c", HOLDER, str(d), "3", "the holder's module"], tmp_path / "holder.log")
-    try:
-        wait_for(lambda: (d / "lock").exists(), 60, "the holder to start building")
+    with holder(d, 3, "the holder's module", tmp_path / "holder.log") as proc:
         got = locked_build(d, build=lambda: pytest.fail("built twice"), load=lambda: (d / "module").read_text(),
                            what="it")
-        assert holder.wait(timeout=60) == 0
-    finally:
-        if holder.poll() is None:
-            os.killpg(holder.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 0
     assert got == "the holder's module"
     assert capfd.readouterr().err.splitlines() == [
-        f"imagegen: waiting for process {holder.pid}, which is compiling it in {d} ..."]
+        f"imagegen: waiting for process {proc.pid}, which is compiling it in {d} ..."]
 
 
 KERNEL_CHECK = textwrap.dedent("""

@@ -3,8 +3,8 @@
 
 Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) `setup` joins the process group (nccl on
 CUDA, gloo on the CPU) with a bounded collective timeout, so that when one rank dies the others
-stop with one sentence instead of waiting forever. Without torchrun it is a world of one and
-every call below is a no-op.
+stop with one sentence instead of waiting forever, and `teardown` ends it while Python is fully
+alive. Without torchrun it is a world of one and every call below is a no-op.
 """
 import os
 from dataclasses import dataclass
@@ -57,6 +57,13 @@ def setup(device):
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # torch.distributed.nn's functions take `group=group.WORLD` as a default argument, evaluated
+        # when the module is first imported; DDP imports it (through torch._dynamo) after the group
+        # exists, so the defaults would keep the group, and gloo's threads, alive past teardown into
+        # interpreter exit, where a thread still releasing a finished collective's tensor needs the
+        # GIL and aborts the process ("terminate called without an active exception", ~1 run in 4 of
+        # a small repro). Imported first, the defaults hold None and teardown joins gloo's threads.
+        import torch.distributed.nn  # noqa: F401
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
     return World(world.rank, world.size, world.local_rank, str(device)), device
 

@@ -35,9 +35,9 @@ def torchrun(*args, nproc=2):
     return proc
 
 
-def ranks(module, *args, world=2, timeout_s=None):
+def ranks(*python_args, world=2, timeout_s=None):
     """The processes torchrun would start (RANK, WORLD_SIZE, MASTER_* in the environment), started by
-    hand so that a test can signal one of them."""
+    hand so that a test can signal one of them; python_args follow `python` ("-m", module, ...)."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -45,7 +45,7 @@ def ranks(module, *args, world=2, timeout_s=None):
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         if timeout_s:
             env["IMAGEGEN_DIST_TIMEOUT"] = str(timeout_s)
-        procs.append(subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen([sys.executable, *python_args], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return procs
 
@@ -102,7 +102,7 @@ def test_distributed_eval_equals_one_process(mnist_root, tmp_path):
 def test_a_killed_rank_stops_the_other_in_one_sentence(mnist_root, tmp_path):
     args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
             "train.save_every=3"]
-    rank0, rank1 = ranks("imagegen.train", *args, timeout_s=30)
+    rank0, rank1 = ranks("-m", "imagegen.train", *args, timeout_s=30)
     deadline = time.time() + 300
     while time.time() < deadline and not (tmp_path / "last.pt").exists():
         time.sleep(0.1)
@@ -123,7 +123,7 @@ def test_a_killed_rank_stops_the_other_in_one_sentence(mnist_root, tmp_path):
 def test_sigterm_to_the_job_stops_every_rank_at_one_step(mnist_root, tmp_path):
     args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
             "train.save_every=100000"]
-    procs = ranks("imagegen.train", *args)
+    procs = ranks("-m", "imagegen.train", *args)
     deadline = time.time() + 300
     while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and losses(tmp_path)):
         time.sleep(0.1)
@@ -135,8 +135,35 @@ def test_sigterm_to_the_job_stops_every_rank_at_one_step(mnist_root, tmp_path):
     assert step >= 1 and all(p.returncode != 0 for p in procs)
 
 
+# one rank's life as training lives it (DDP, a collective on a Python-made tensor, teardown); then the
+# gloo threads it still holds
+TEARDOWN_PROBE = """
+import os, torch
+from imagegen import distributed
+world, _ = distributed.setup(torch.device("cpu"))
+def train():
+    net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+    net(torch.ones(4, 2)).sum().backward()
+    distributed.sum_(world, [1.0])
+train()
+distributed.teardown(world)
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(sorted(t for t in threads if "gloo" in t))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+def test_teardown_ends_gloo_threads_before_exit():
+    """gloo threads left running into interpreter exit abort the process now and then ("terminate
+    called without an active exception"); teardown must end them while Python is alive."""
+    for p in ranks("-c", TEARDOWN_PROBE):
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert out.strip() == "[]", out
+
+
 def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):
-    procs = ranks("imagegen.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}", f"run_dir={tmp_path}")
+    procs = ranks("-m", "imagegen.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}", f"run_dir={tmp_path}")
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode != 0

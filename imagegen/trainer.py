@@ -70,7 +70,11 @@ def train(cfg, device):
         run_dir = prepare_run_dir(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         with folder_lock(run_dir) if world.main else nullcontext():
-            return Trainer(cfg, device, world, run_dir).run()
+            trainer = Trainer(cfg, device, world, run_dir)
+            try:
+                return trainer.run()
+            finally:
+                trainer.release()
     except RuntimeError as e:                  # DDP's gradient all-reduce when another rank died
         raise (distributed.lost(world, e) or e) from None
     finally:
@@ -91,7 +95,6 @@ class Trainer:
                             f"{t['batch_size']}; lower the batch size or add data.")
         torch.manual_seed(cfg["seed"])
         self.model = build_model(cfg["model"], dataset_info(cfg["data"]["name"])).to(device)
-        self.net = DistributedDataParallel(self.model) if world.distributed else self.model
         self.opt = make_optimizer(self.model.parameters(), t)
         self.state = RunState()
         self.order = DataOrder(len(self.x_train), t["batch_size"], cfg["seed"], world)
@@ -104,6 +107,14 @@ class Trainer:
         if t["resume"] and self.last.exists():
             self.resume()
         self.prebuild_kernels()
+        # last, so that nothing raising in here leaves a DDP wrapper behind in a traceback (see `release`)
+        self.net = DistributedDataParallel(self.model) if world.distributed else self.model
+
+    def release(self):
+        """Drop the DDP wrapper, before `distributed.teardown`. Its reducer holds the process group:
+        freed after teardown (say, with a traceback holding this Trainer) it would destroy the group
+        holding the GIL, and wait forever for a gloo thread that needs the GIL to free a tensor."""
+        self.net = None
 
     def say(self, text):
         if self.world.main:

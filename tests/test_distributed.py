@@ -135,31 +135,45 @@ def test_sigterm_to_the_job_stops_every_rank_at_one_step(mnist_root, tmp_path):
     assert step >= 1 and all(p.returncode != 0 for p in procs)
 
 
-# one rank's life as training lives it (DDP, a collective on a Python-made tensor, teardown); then the
-# gloo threads it still holds
+# imagegen-train on one rank, reporting the gloo threads left right after its teardown; with
+# "interrupt", the first step ends in KeyboardInterrupt (as a stop by signal does), so that the
+# teardown runs while a traceback holds the trainer
 TEARDOWN_PROBE = """
-import os, torch
-from imagegen import distributed
-world, _ = distributed.setup(torch.device("cpu"))
-def train():
-    net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-    net(torch.ones(4, 2)).sum().backward()
-    distributed.sum_(world, [1.0])
-train()
-distributed.teardown(world)
-threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print(sorted(t for t in threads if "gloo" in t))
+import os, sys
+from imagegen import distributed, trainer
+from imagegen.train import main
+
+def gloo_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return sorted(n for n in names if "gloo" in n)
+
+teardown = distributed.teardown
+def reporting_teardown(world):
+    teardown(world)
+    print("gloo threads after teardown:", gloo_threads(), flush=True)
+distributed.teardown = reporting_teardown
+
+if sys.argv[1] == "interrupt":
+    def interrupt(self):
+        raise KeyboardInterrupt
+    trainer.Trainer.at_step_end = interrupt
+sys.argv = ["imagegen-train", *sys.argv[2:]]
+main()
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
-def test_teardown_ends_gloo_threads_before_exit():
-    """gloo threads left running into interpreter exit abort the process now and then ("terminate
-    called without an active exception"); teardown must end them while Python is alive."""
-    for p in ranks("-c", TEARDOWN_PROBE):
+@pytest.mark.parametrize("end", ["done", "interrupt"])
+def test_teardown_ends_gloo_threads(end, mnist_root, tmp_path):
+    """gloo threads left running after teardown either abort the process at exit ("terminate called
+    without an active exception", a thread freeing a tensor after Python finalizes) or hang it (the
+    group destroyed later while holding the GIL such a thread needs); teardown must end them."""
+    procs = ranks("-c", TEARDOWN_PROBE, end, *TRAIN, "train.max_steps=2", f"data.root={mnist_root}",
+                  f"run_dir={tmp_path}")
+    for p in procs:
         out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        assert out.strip() == "[]", out
+        assert p.returncode == (0 if end == "done" else 1), err
+        assert "gloo threads after teardown: []" in out, out + err
 
 
 def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):

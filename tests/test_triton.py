@@ -21,7 +21,7 @@ import torch
 
 from imagegen import ops
 from imagegen.attention.linear import LinearAttention
-from imagegen.ops import triton_linear
+from imagegen.ops import kernel as kernel_mod, triton_linear
 from test_ops import linear_reference, make_raw_qkv, out_and_grads
 
 try:
@@ -174,7 +174,7 @@ def fresh_probe(monkeypatch):
     """The Triton check run anew, with "auto" taking Triton on CPU tensors as it does on CUDA."""
     monkeypatch.setattr(ops, "TRITON_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(triton_linear, "_errors", {})
-    monkeypatch.setattr(triton_linear, "_warned", set())
+    monkeypatch.setattr(kernel_mod, "_warned", set())
 
 
 def test_auto_takes_triton_where_it_works(fresh_probe, device):
@@ -245,7 +245,7 @@ sys.modules["triton"] = None          # any import of triton now raises ImportEr
 import torch
 import imagegen, imagegen.model, imagegen.sampling, imagegen.train
 from imagegen.model import PixelTransformer
-from imagegen.ops import triton_linear
+from imagegen.ops import kernel as kernel_mod, triton_linear
 model = PixelTransformer(16, 1, 4, attention="linear", n_layers=1, d_model=16, n_heads=2, d_ff=32)
 model.nll(torch.randint(0, 256, (2, 16), dtype=torch.uint8)).mean().backward()
 print(imagegen.sampling.generate(model, 2, batch_size=2).shape)

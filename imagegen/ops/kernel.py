@@ -42,7 +42,7 @@ DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
 MAX_CUDA_DIM = 256  # largest E and M the CUDA kernel supports (csrc/causal_product_cuda.cu)
 
 _modules = {}  # device type -> built module, or the KernelUnavailable that stopped it
-_warned = set()  # device types whose fallback has been announced
+_warned = set()  # (what, device type) pairs whose fallback has been announced
 
 
 class KernelUnavailable(RuntimeError):
@@ -184,11 +184,18 @@ def kernel_error(device_type, warn=False):
         load_kernel(device_type)
         return None
     except KernelUnavailable as exc:
-        if warn and device_type not in _warned:
-            _warned.add(device_type)
-            warnings.warn(f"imagegen: causal product kernel unavailable on {device_type} ({exc}); "
-                          f"falling back to the chunked PyTorch form.", RuntimeWarning, stacklevel=4)
+        if warn:
+            warn_fallback("causal product kernel", device_type, exc)
         return str(exc)
+
+
+def warn_fallback(what, device_type, why):
+    """One RuntimeWarning per process for each (what, device_type): `what` is unavailable there,
+    why, and that the chunked PyTorch form runs instead."""
+    if (what, device_type) not in _warned:
+        _warned.add((what, device_type))
+        warnings.warn(f"imagegen: {what} unavailable on {device_type} ({why}); falling back to the chunked "
+                      f"PyTorch form.", RuntimeWarning, stacklevel=5)
 
 
 def ensure_kernel(device_type):

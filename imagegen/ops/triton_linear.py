@@ -13,18 +13,16 @@ wrong on this device), so that callers fall back loudly.
 Shape letters: N batch, H heads, L length, E query/key dim, M value dim.
 """
 import os
-import warnings
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from .kernel import empty_heads_last, unpack, unsupported
+from .kernel import empty_heads_last, unpack, unsupported, warn_fallback
 
 MAX_DIM = 128  # beyond, a chunk of 16 would need more shared memory than consumer GPUs have (see `plan`)
 DTYPES = {"cuda": (torch.float32, torch.float16, torch.bfloat16), "cpu": (torch.float32, torch.float16)}
 
 _errors = {}     # device type -> None (usable) or why not
-_warned = set()  # device types whose fallback has been announced
 
 
 def triton_unsupported(q, v):
@@ -41,10 +39,8 @@ def triton_error(device_type, warn=False):
     if device_type not in _errors:
         _errors[device_type] = probe(device_type)
     why = _errors[device_type]
-    if why is not None and warn and device_type not in _warned:
-        _warned.add(device_type)
-        warnings.warn(f"imagegen: Triton linear attention unavailable on {device_type} ({why}); "
-                      f"falling back to the chunked PyTorch form.", RuntimeWarning, stacklevel=4)
+    if why is not None and warn:
+        warn_fallback("Triton linear attention", device_type, why)
     return why
 
 

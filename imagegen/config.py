@@ -152,8 +152,8 @@ class BenchConfig:
     n_positions: int = opt(9, "sampling: positions timed, then integrated over all D")
     probe_positions: List[int] = opt([100, 3000], "sampling: positions whose latency ratio is reported")
     reps: int = opt(5, "sampling: timed steps per position")
-    sampling_precisions: List[str] = opt(["float32", "bfloat16"], "sampling: precisions of the matrix products "
-                                                                   "(float32, bfloat16, auto)")
+    sampling_precisions: List[str] = opt(["float32", "auto"], "sampling: precisions of the matrix products "
+                                                              "(float32, bfloat16, auto: bfloat16 where fast)")
     plot_batch: int = opt(64, "sampling: batch size of the latency plot (or the nearest measured one)")
     plot_log: bool = opt(False, "sampling: log-scale ms axis in the latency plot")
     lsh_options: Dict[str, Any] = opt({"n_hashes": 1, "n_buckets": 64, "chunk_size": 32}, "sampling: LSH options")
@@ -174,7 +174,8 @@ class BenchConfig:
     browser_batches: List[int] = opt([1, 16], "browser: batch sizes (random weights of the preset, linear attention)")
     browser_steps: int = opt(100, "browser: timed steps per measurement (after 10 warm-up steps)")
     browser_rounds: int = opt(3, "browser: alternating Python / browser rounds; medians reported")
-    train_precisions: List[str] = opt(["float32", "bfloat16"], "train_step: float32 and/or bfloat16 (autocast)")
+    train_precisions: List[str] = opt(["float32", "auto"], "train_step: float32, bfloat16 (autocast), auto "
+                                                           "(bfloat16 where fast)")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainOptions = field(default_factory=TrainOptions)     # set by the presets; unused by the benchmarks

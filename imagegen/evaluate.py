@@ -13,7 +13,7 @@ from . import checkpoint, distributed
 from .cli import hydra_entry
 from .config import check_eval
 from .data import load_from_config
-from .precision import autocast, dtype_name, resolve_precision
+from .precision import autocast, dtype_name, resolve_precision, slow_bf16_note
 from .scoring import LN2, total_nll
 
 
@@ -38,6 +38,8 @@ def evaluate_on(cfg, device, world):
     lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]
     draws = cfg["lsh_draws"] if lsh else 1
     dtype = resolve_precision(cfg.get("precision", "float32"), device)
+    if world.main and (note := slow_bf16_note(dtype, device)):
+        print(note)
     start = time.perf_counter()
     nats = []
     for draw in range(draws):   # LSH: average the NLL over seeded hash draws

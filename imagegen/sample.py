@@ -6,7 +6,7 @@ from . import checkpoint
 from .cli import hydra_entry
 from .config import check_sample
 from .data import dataset_info, load_from_config
-from .precision import dtype_name, resolve_precision
+from .precision import dtype_name, resolve_precision, slow_bf16_note
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
 
 
@@ -19,6 +19,8 @@ def run_sample(cfg, device):
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
     dtype = resolve_precision(cfg["precision"], device)
+    if note := slow_bf16_note(dtype, device):
+        print(note)
     common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
                   progress=cfg["progress"], dtype=dtype)
     out = Path(cfg["out"] or path.with_name(f"{path.stem}-{cfg['mode']}.png"))   # default: beside the checkpoint

@@ -34,6 +34,36 @@ def test_capability_rule_on_mocked_cpu_reports(monkeypatch, report, fast, why):
     assert header.startswith("bfloat16 autocast" if fast else "float32") and why in header
 
 
+SLOW, FAST = {"amx": False, "avx512_bf16": False}, {"amx": False, "avx512_bf16": True}
+
+
+def test_slow_bfloat16_asked_for_says_so(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: SLOW)
+    assert "emulated" in precision.slow_bf16_note(torch.bfloat16, CPU)
+    assert precision.slow_bf16_note(torch.float32, CPU) is None
+    assert precision.bf16_reason(True, CPU) == ("bfloat16 autocast (train.bf16=true; slow here: CPU has neither "
+                                                "AMX nor AVX512-BF16, so bfloat16 products are emulated)")
+    assert precision.bf16_reason(False, CPU) == "float32 (train.bf16=false)"
+    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: FAST)
+    assert precision.slow_bf16_note(torch.bfloat16, CPU) is None
+    assert precision.bf16_reason(True, CPU) == "bfloat16 autocast (train.bf16=true)"
+
+
+@pytest.mark.parametrize("report, settings, names, note", [
+    (FAST, ["float32", "auto"], ["float32", "bfloat16"], None),
+    (SLOW, ["float32", "auto"], ["float32"], "bfloat16 not measured: CPU has neither AMX nor AVX512-BF16 "
+                                             "(key=[float32,bfloat16] measures it anyway)."),
+    (SLOW, ["float32", "bfloat16"], ["float32", "bfloat16"], "emulated"),
+    (SLOW, ["auto", "float32", "float32"], ["float32"], "not measured"),
+    (FAST, ["bfloat16", "auto"], ["bfloat16"], None),
+])
+def test_benchmark_precision_lists_measure_bfloat16_where_fast_or_named(monkeypatch, report, settings, names, note):
+    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: report)
+    got, got_note = precision.resolve_precisions(settings, CPU, "key")
+    assert got == names
+    assert got_note is None if note is None else note in got_note
+
+
 def test_cpu_report_falls_back_to_cpuinfo_flags(monkeypatch, tmp_path):
     """Where torch has no probe, the /proc/cpuinfo flags decide, by capability and not by vendor."""
     info = tmp_path / "cpuinfo"

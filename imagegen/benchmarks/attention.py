@@ -17,7 +17,7 @@ from ..allocator import keep_freed_memory
 from ..errors import UserError
 from ..model import build_model
 from ..ops import TRITON_DEVICES, kernel_error, linear_attention, triton_error
-from ..precision import autocast
+from ..precision import autocast, resolve_precisions
 from .report import markdown_table, machine
 from .timing import median_ms, sync
 
@@ -140,12 +140,13 @@ def run_train_step(c, device):
     up as imagegen-train sets it."""
     if device.type == "cpu":
         keep_freed_memory()
+    precisions, note = resolve_precisions(c["train_precisions"], device, "train_precisions")
+    if note:
+        print(note)
     rows = []
     for name, L in c["train_lengths"].items():
         info = dataset_info(name)
-        for precision in c["train_precisions"]:
-            if precision not in ("float32", "bfloat16"):
-                raise UserError(f"unknown precision {precision!r} in train_precisions; use float32 or bfloat16.")
+        for precision in precisions:
             for attention in ("softmax", "linear"):
                 torch.manual_seed(0)
                 options = {"impl": "auto"} if attention == "linear" else {}

@@ -14,7 +14,8 @@ Each method runs in every precision of `sampling_precisions` (float32; bfloat16:
 products in bfloat16 with weights converted once, the KV cache float32 except for the method
 softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; see `imagegen.sampling`),
 the precisions in turn at each position, so that a shared machine's changing load reaches both
-and the "x float32" ratio compares like with like.
+and the "x float32" ratio compares like with like. The default [float32, auto] measures bfloat16
+only where it is fast (`imagegen.precision`).
 """
 import time
 
@@ -24,7 +25,7 @@ import torch
 from ..errors import UserError
 from ..memory import check_batch_fits
 from ..model import build_model
-from ..precision import dtype_name, resolve_precision
+from ..precision import resolve_precisions
 from ..sampling import decode_step, fill_step, recompute_step
 from .. import plots
 from .report import machine, markdown_table
@@ -135,8 +136,9 @@ def run(cfg, model_cfg, info):
     """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method)."""
     torch.manual_seed(cfg["seed"])
     positions = timed_positions(info.length, cfg["n_positions"], cfg["probe_positions"])
-    precisions = [dtype_name(resolve_precision(p, torch.device("cpu"), "sampling_precisions"))
-                  for p in cfg["sampling_precisions"]]
+    precisions, note = resolve_precisions(cfg["sampling_precisions"], torch.device("cpu"), "sampling_precisions")
+    if note:
+        print(note)
     results, curves = [], {p: {} for p in precisions}
     for name in cfg["methods"]:
         attention, sampler = METHODS[name]

@@ -245,7 +245,7 @@ sys.modules["triton"] = None          # any import of triton now raises ImportEr
 import torch
 import imagegen, imagegen.model, imagegen.sampling, imagegen.train
 from imagegen.model import PixelTransformer
-from imagegen.ops import kernel as kernel_mod, triton_linear
+from imagegen.ops import triton_linear
 model = PixelTransformer(16, 1, 4, attention="linear", n_layers=1, d_model=16, n_heads=2, d_ff=32)
 model.nll(torch.randint(0, 256, (2, 16), dtype=torch.uint8)).mean().backward()
 print(imagegen.sampling.generate(model, 2, batch_size=2).shape)

@@ -67,6 +67,8 @@ def _build(device_type):
         raise KernelUnavailable(f"no C++ compiler: {cxx!r} is not on PATH (set CXX)")
     # no-tree-loop-distribute-patterns: GCC would turn the short row copies into memmove calls
     cflags, ldflags = ["-O3", "-fno-tree-loop-distribute-patterns"], []
+    if device_type == "cpu" and os.environ.get("IMAGEGEN_KERNEL_NATIVE", "1") != "0":
+        cflags.append("-march=native")   # this CPU's vector width (the key names the CPU: see cpu_identity)
     if torch.backends.openmp.is_available():  # at::parallel_for uses OpenMP pragmas in headers
         cflags.append("-fopenmp")
         ldflags.append("-fopenmp")
@@ -80,7 +82,7 @@ def _build(device_type):
         # leaving it out saves minutes of gcc time on torch's headers.
         kwargs["extra_cuda_cflags"] = []
     key = build_key(files, cxx, cflags, ldflags, kwargs,
-                    cpp_extension.CUDA_HOME if device_type == "cuda" else None)
+                    cpp_extension.CUDA_HOME if device_type == "cuda" else cpu_identity())
     name = f"imagegen_causal_product_{device_type}_{key}"  # module name and folder name
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     build_dir = Path(root) / name
@@ -98,6 +100,18 @@ def _build(device_type):
         detail = (errors or lines or [type(exc).__name__])[0]
         detail = detail if len(detail) <= 300 else detail[:300] + "..."
         raise KernelUnavailable(f"building the {device_type} extension failed: {detail}") from exc
+
+
+def cpu_identity():
+    """The CPU a -march=native build is for: model name and instruction-set flags (/proc/cpuinfo), so
+    that a build folder shared between machines (a network home) never serves one CPU's code to another."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+        return platform.processor() or platform.machine()
+    keep = [line for line in text.splitlines() if line.split(":")[0].strip() in ("model name", "flags", "Features")]
+    return "\n".join(sorted(set(keep)))
 
 
 def build_key(files, *settings):

@@ -62,6 +62,8 @@ def load(path):
                         f"pass a checkpoint written by imagegen-train.")
     check_config(ck, path)
     check_weights(ck["model"], path)
+    if "ema" in ck:
+        check_weights(ck["ema"], path)
     return ck
 
 
@@ -116,11 +118,12 @@ def check_training(ck, path):
 
 
 def model_from_checkpoint(ck, path="checkpoint"):
-    """Rebuild the model recorded in a loaded checkpoint and load its weights."""
+    """Rebuild the model recorded in a loaded checkpoint and load its weights: the average of the
+    weights (train.ema) when the checkpoint holds one, else the trained weights."""
     cfg = ck["config"]
     model = build_model(cfg["model"], dataset_info(cfg["data"]["name"]))
     try:
-        model.load_state_dict(ck["model"])
+        model.load_state_dict(ck.get("ema", ck["model"]))
     except RuntimeError as e:
         first = str(e).splitlines()[0]
         raise damaged(path, f"its weights do not fit the architecture in its own config ({first})") from None

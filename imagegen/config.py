@@ -30,6 +30,8 @@ class ModelConfig:
     head: str = opt("categorical", "output distribution: categorical (256-way) or mixture (discretized logistics)")
     n_mixtures: int = opt(10, "logistic components of the mixture head")
     dropout: float = opt(0.0, "dropout rate in the blocks (0 to 1)")
+    num_classes: int = opt(0, "class-conditional model over this many classes (the data's: 10 for mnist and "
+                              "cifar10); 0: unconditional")
 
 
 @dataclass
@@ -69,7 +71,13 @@ class TrainOptions:
     log_every: int = opt(10, "write a metrics row (and TensorBoard scalars) every this many steps")
     sample_every: int = opt(500, "save a grid of samples (PNG in run_dir/samples, TensorBoard) every this many "
                                  "steps (0: never)")
+    sample_minutes: float = opt(5.0, "also save a grid every this many minutes of training (0: only by steps), so "
+                                     "that a slow run shows its progress too")
     sample_images: int = opt(16, "images in each grid of samples during training")
+    label_dropout: float = opt(0.1, "class-conditional models: share of training images shown without their label, "
+                                    "so that the model also samples unconditionally (guidance needs it)")
+    ema: float = opt(0.0, "decay of an exponential moving average of the weights, which validation, best.pt and "
+                          "sampling then use (0: off; 0.999 averages over about the last 1,000 steps)")
     tensorboard: Any = opt("auto", "TensorBoard event files in run_dir: auto (when the tensorboard package is "
                                    "installed), true or false")
     resume: bool = opt(True, "continue from run_dir/last.pt when it exists")
@@ -233,6 +241,8 @@ def check_model(m, memory_bytes=None, prefix="model."):
     within `memory_bytes` when given."""
     positive(m, ("n_layers", "d_model", "n_heads", "d_ff", "n_mixtures"), prefix)
     fraction(m["dropout"], prefix + "dropout")
+    if m.get("num_classes", 0) < 0:
+        raise UserError(f"{prefix}num_classes must be >= 0 (0: unconditional), got {m['num_classes']}.")
     if m["d_model"] % m["n_heads"]:
         raise UserError(f"{prefix}d_model={m['d_model']} is not a multiple of {prefix}n_heads={m['n_heads']}; "
                         f"pick values that divide.")
@@ -252,10 +262,13 @@ def check_train(cfg, memory_bytes=None):
                  "sample_images"), "train.")
     if t["max_minutes"] is not None:
         positive(t, ("max_minutes",), "train.")
-    for key in ("warmup_steps", "weight_decay", "grad_clip", "sample_every"):
+    for key in ("warmup_steps", "weight_decay", "grad_clip", "sample_every", "sample_minutes"):
         if t[key] < 0:
             raise UserError(f"train.{key} must be >= 0, got {t[key]}.")
     fraction(t["min_lr_ratio"], "train.min_lr_ratio")
+    fraction(t["label_dropout"], "train.label_dropout")
+    if not 0 <= t["ema"] < 1:
+        raise UserError(f"train.ema must lie in [0, 1) (0: off), got {t['ema']}.")
     if len(t["betas"]) != 2 or not all(0 <= b < 1 for b in t["betas"]):
         raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
     fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True)

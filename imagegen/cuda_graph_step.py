@@ -13,8 +13,9 @@ import os
 import torch
 
 
-def make_step(model, batch, device, dtype):
-    """step(token (N,) long) -> parameters (N, P) for the next position, from a fresh state."""
+def make_step(model, batch, device, dtype, labels=None):
+    """step(token (N,) long) -> parameters (N, P) for the next position, from a fresh state;
+    labels (N,) for a class-conditional model (None: no label)."""
     device = torch.device(device)
     if use_graphs(model, device):
         if not hasattr(model, "graphed_steps"):       # {(batch, device, dtype): GraphedStep}, compiled once each
@@ -22,8 +23,8 @@ def make_step(model, batch, device, dtype):
         steps, key = model.graphed_steps, (batch, str(device), dtype)
         if key not in steps:
             steps[key] = GraphedStep(model, batch, device, dtype)
-        return steps[key].reset()
-    state = model.init_state(batch, device, dtype)
+        return steps[key].reset(labels)
+    state = model.init_state(batch, device, dtype, labels=labels)
     return lambda token: model.step(token, state)[0]
 
 
@@ -48,21 +49,29 @@ class GraphedStep:
                                  "on the CPU use PixelTransformer.step.")
             state.pop("triton", None)     # a graph replays PyTorch's ops; Triton's step serves the eager loop
         self.t = torch.zeros((), dtype=torch.long, device=device)
+        self.batch, self.device = batch, device
+        with torch.no_grad():
+            self.cls = model.class_vectors(None, batch, device)    # (N, D) class vectors, or None
         self.fn = self.eager
         if compile:
-            for buffer in [self.t, *(state["S"] for state in self.layers)]:
+            for buffer in [self.t, *(state["S"] for state in self.layers)] + ([self.cls] if self.cls is not None else []):
                 torch._dynamo.mark_static_address(buffer)
             self.fn = torch.compile(self.eager, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
-    def reset(self):
-        """Back to position 0 with empty states, in place."""
+    def reset(self, labels=None):
+        """Back to position 0 with empty states and these labels' class vectors, in place."""
         self.t.zero_()
+        if self.cls is not None:
+            with torch.no_grad():
+                self.cls.copy_(self.model.class_vectors(labels, self.batch, self.device))
         for state in self.layers:
             state["S"].zero_()
         return self
 
     def eager(self, token):                                 # token (N,) long -> (N, P)
         h = self.model.embed(token, self.t)                 # (N, D)
+        if self.cls is not None:
+            h = h + self.cls
         for block, state in zip(self.model.blocks, self.layers):
             h = block.step(h, state)[0]
         self.t += 1

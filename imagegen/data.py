@@ -35,13 +35,20 @@ class DatasetInfo:
     height: int
     width: int
     channels: int
+    class_names: tuple = ()
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
 
     @property
     def length(self):  # D, the number of sub-pixels per image
         return self.height * self.width * self.channels
 
 
-DATASETS = {"mnist": DatasetInfo("mnist", 28, 28, 1), "cifar10": DatasetInfo("cifar10", 32, 32, 3)}
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+DATASETS = {"mnist": DatasetInfo("mnist", 28, 28, 1, tuple(str(d) for d in range(10))),
+            "cifar10": DatasetInfo("cifar10", 32, 32, 3, CIFAR10_CLASSES)}
 
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 MNIST_FILES = {  # file -> md5 of the official gzipped file
@@ -478,10 +485,11 @@ def image_to_sequence(img):
     return img.reshape(img.shape[0], -1)
 
 
-def load_from_config(data_cfg, splits, overrides=None):
+def load_from_config(data_cfg, splits, overrides=None, labels=False):
     """[sequences (B, D) of each split in splits] as described by a `data` config section
-    (dict); non-null `overrides` (e.g. a new root) replace its values."""
+    (dict); non-null `overrides` (e.g. a new root) replace its values. labels=True: [(sequences,
+    labels (B,) long)] instead."""
     d = {**data_cfg, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     loaded = load_splits(d["name"], d["root"], splits, d["val_fraction"], d["split_seed"], d["download"],
                          d.get("mirror"))
-    return [loaded[split][0] for split in splits]
+    return [loaded[split] if labels else loaded[split][0] for split in splits]

@@ -94,14 +94,27 @@ def make_head(name, n_mixtures=10):
     raise UserError(f"unknown output head {name!r}; choose model.head=mixture or model.head=categorical.")
 
 
-def sample(head, params, temperature=1.0, generator=None, uniforms=None):
-    """Draw one byte per row of params (B, P) from the head's probabilities, sharpened as
-    p^(1/temperature). Inverse CDF with one uniform per row, so two samplers that compute the
-    same probabilities draw the same bytes. uniforms (B,) in [0, 1), if given, are those draws
-    (the browser sampler's exactness tests); otherwise they come from `generator`."""
+def guided_probs(head, params, params_uncond=None, guidance=1.0):
+    """p over the 256 values (B, 256) from params (B, P); with classifier-free guidance G and the
+    unconditional branch's params_uncond (B, P): p_c^G p_u^(1-G), normalised (G = 1 is p_c itself,
+    G = 0 p_u, G > 1 leans further towards the class)."""
+    p = head.probs(params)
+    if params_uncond is None or guidance == 1.0:
+        return p
+    tiny = torch.finfo(p.dtype).tiny
+    logp = guidance * torch.log(p.clamp_min(tiny)) + (1 - guidance) * torch.log(head.probs(params_uncond).clamp_min(tiny))
+    return torch.softmax(logp, dim=-1)
+
+
+def sample(head, params, temperature=1.0, generator=None, uniforms=None, params_uncond=None, guidance=1.0):
+    """Draw one byte per row of params (B, P) from the head's probabilities (guided by params_uncond
+    as in `guided_probs` when given), sharpened as p^(1/temperature). Inverse CDF with one uniform
+    per row, so two samplers that compute the same probabilities draw the same bytes. uniforms (B,)
+    in [0, 1), if given, are those draws (the browser sampler's exactness tests); otherwise they
+    come from `generator`."""
     if temperature <= 0:
         raise UserError(f"temperature must be > 0 (got {temperature}); use 1.0 for the model's own distribution.")
-    p = head.probs(params)
+    p = guided_probs(head, params, params_uncond, guidance)
     if temperature != 1.0:
         p = torch.softmax(torch.log(p.double()) / temperature, dim=-1)
     cdf = p.cumsum(dim=-1)

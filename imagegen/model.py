@@ -5,6 +5,10 @@ so every one of the D sub-pixels is scored. Embedding = byte + row + column + ch
 "the same column one row up" is one learned relation rather than 28 separate ones.
 Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
 registry by name. The head maps each position to P distribution parameters.
+Class-conditional models (num_classes C > 0) add a learned class vector to the input at every
+position, START included (a per-image bias: one token read only at the start would fade as 1/t in
+a linear attention's average); row C of that embedding is "no label", which label dropout trains,
+so one model samples with and without labels (classifier-free guidance, see likelihood.guided_probs).
 Decoding (`init_state`, `step`) may run its matrix products in bfloat16 with weights converted
 once into the state; the residual stream, LayerNorm, the attention's sums and the head stay
 in the parameters' dtype (float32).
@@ -13,6 +17,7 @@ import torch
 from torch import nn
 
 from .attention import make_attention
+from .errors import UserError
 from .layers import Dense, dense
 from .likelihood import make_head
 from .ops import EPS, decode_step
@@ -48,12 +53,12 @@ class Block(nn.Module):
 class PixelTransformer(nn.Module):
     """Args: length (D sub-pixels), channels (1 or 3), width (pixels per row), attention (registry name),
     n_layers, d_model, n_heads, d_ff, head ('mixture' or 'categorical'), n_mixtures,
-    dropout, attention_options (dict passed to the attention class)."""
+    dropout, attention_options (dict passed to the attention class), num_classes (0: unconditional)."""
 
     def __init__(self, length, channels, width, attention="linear", n_layers=4, d_model=128, n_heads=4, d_ff=512,
-                 head="mixture", n_mixtures=10, dropout=0.0, attention_options=None):
+                 head="mixture", n_mixtures=10, dropout=0.0, attention_options=None, num_classes=0):
         super().__init__()
-        self.length, self.channels, self.width = length, channels, width
+        self.length, self.channels, self.width, self.num_classes = length, channels, width, num_classes
         self.head = make_head(head, n_mixtures)
         self.tok = nn.Embedding(257, d_model)
         self.row = nn.Embedding(length // (channels * width), d_model)
@@ -63,7 +68,11 @@ class PixelTransformer(nn.Module):
                                     for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.proj = Dense(d_model, self.head.n_params)
-        for emb in (self.tok, self.row, self.col, self.chan):       # Dense layers initialise themselves (std 0.02)
+        embeddings = [self.tok, self.row, self.col, self.chan]
+        if num_classes:
+            self.label = nn.Embedding(num_classes + 1, d_model)  # row num_classes: no label
+            embeddings.append(self.label)
+        for emb in embeddings:                                    # Dense layers initialise themselves (std 0.02)
             nn.init.normal_(emb.weight, std=0.02)
 
     @property
@@ -75,27 +84,42 @@ class PixelTransformer(nn.Module):
         pixel = t // self.channels
         return self.tok(tokens) + self.row(pixel // self.width) + self.col(pixel % self.width) + self.chan(t % self.channels)
 
-    def forward(self, x):
-        """x (N, L) uint8 with L <= D -> distribution parameters (N, L, P) for x_0..x_{L-1}."""
+    def class_vectors(self, labels, n, device):
+        """The class embedding of labels (N,) long in 0..C-1, or C (no label) for None or -1 entries,
+        as (N, D); None for an unconditional model (which ignores labels)."""
+        if not self.num_classes:
+            return None
+        if labels is None:
+            labels = torch.full((n,), self.num_classes, dtype=torch.long, device=device)
+        labels = torch.as_tensor(labels, device=device).long()
+        if labels.shape != (n,) or bool(((labels < -1) | (labels > self.num_classes)).any()):
+            raise UserError(f"labels must be {n} class numbers in 0..{self.num_classes - 1} (or -1 for none), "
+                            f"got {labels.tolist() if labels.numel() <= 20 else tuple(labels.shape)}.")
+        return self.label(torch.where(labels < 0, self.num_classes, labels))
+
+    def forward(self, x, labels=None):
+        """x (N, L) uint8 with L <= D, labels (N,) or None -> distribution parameters (N, L, P) for x_0..x_{L-1}."""
         N, L = x.shape
         tokens = torch.cat([torch.full((N, 1), START, device=x.device, dtype=torch.long), x[:, :-1].long()], 1)
         h = self.embed(tokens, torch.arange(L, device=x.device))
+        if (c := self.class_vectors(labels, N, x.device)) is not None:
+            h = h + c.unsqueeze(1)                           # (N, 1, D): the same vector at every position
         for block in self.blocks:
             h = block(h)
         return self.proj(self.ln_f(h))
 
-    def nll(self, x):
+    def nll(self, x, labels=None):
         """Negative log-likelihood in nats of each sub-pixel, (N, D); float32 under autocast too."""
-        return -self.head.log_prob(self(x).float(), x)
+        return -self.head.log_prob(self(x, labels).float(), x)
 
-    def init_state(self, batch, device, dtype=None, whole_model_kernel=True):
+    def init_state(self, batch, device, dtype=None, whole_model_kernel=True, labels=None):
         """Decoding state for `step`; dtype: that of the blocks' matrix products (None: the
         parameters'; bfloat16 for float32 parameters converts their weights once, here). When every
         layer steps through the fused CPU kernel (linear attention), the whole step runs as one
-        C++ call unless whole_model_kernel=False."""
+        C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state."""
         dtype = dtype or self.proj.weight.dtype
         layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
-        state = {"t": 0, "layers": layers}
+        state = {"t": 0, "layers": layers, "class": self.class_vectors(labels, batch, device)}
         if whole_model_kernel and all("fused" in s for s in layers):
             state["kernel"] = self.kernel_weights(layers)
         return state
@@ -111,6 +135,8 @@ class PixelTransformer(nn.Module):
         """token (N,) long: the byte at position t-1 (START for t = 0) -> parameters (N, P) for x_t."""
         t = torch.tensor(state["t"], device=token.device)
         h = self.embed(token, t)
+        if state.get("class") is not None:
+            h = h + state["class"]
         state["t"] += 1
         if "kernel" in state:                    # the loop below as one C++ call
             blocks, head = state["kernel"]
@@ -123,5 +149,5 @@ class PixelTransformer(nn.Module):
 def build_model(model_cfg, info):
     """Model from the `model` config section (a dict) and a DatasetInfo."""
     keys = ("attention", "n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "dropout",
-            "attention_options")
+            "attention_options", "num_classes")
     return PixelTransformer(info.length, info.channels, info.width, **{k: model_cfg[k] for k in keys if k in model_cfg})

@@ -3,6 +3,7 @@ runstate (data order, position, budget), checkpoint (save, checked load), distri
 reductions), logs (metrics.jsonl, TensorBoard), signals (stop requests), scoring (bits/dim),
 lock (the run dir). Under torchrun every rank runs this; rank 0 alone writes.
 """
+import copy
 import math
 import time
 from contextlib import nullcontext
@@ -88,14 +89,20 @@ class Trainer:
         self.bf16 = use_bf16(t["bf16"], device)
         if device.type == "cpu":
             keep_freed_memory()
-        self.x_train, x_val = load_from_config(cfg["data"], ("train", "val"))
-        self.x_val = x_val[: t["val_images"]]
+        (self.x_train, self.y_train), (x_val, y_val) = load_from_config(cfg["data"], ("train", "val"), labels=True)
+        self.x_val, self.y_val = x_val[: t["val_images"]], y_val[: t["val_images"]]
+        self.info = dataset_info(cfg["data"]["name"])
+        classes = cfg["model"].get("num_classes", 0)
+        if classes and classes != self.info.num_classes:
+            raise UserError(f"model.num_classes={classes}, but {self.info.name} has {self.info.num_classes} classes; "
+                            f"set model.num_classes={self.info.num_classes} (or 0 for an unconditional model).")
         if len(self.x_train) < t["batch_size"]:
             raise UserError(f"the training split holds {len(self.x_train)} images, fewer than train.batch_size="
                             f"{t['batch_size']}; lower the batch size or add data.")
         torch.manual_seed(cfg["seed"])
-        self.model = build_model(cfg["model"], dataset_info(cfg["data"]["name"])).to(device)
+        self.model = build_model(cfg["model"], self.info).to(device)
         self.opt = make_optimizer(self.model.parameters(), t)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False) if t["ema"] else None
         self.state = RunState()
         self.order = DataOrder(len(self.x_train), t["batch_size"], cfg["seed"], world)
         self.budget = Budget(t["max_steps"], t["max_minutes"])
@@ -126,6 +133,8 @@ class Trainer:
         changed = checkpoint.check_compatible(ck, self.cfg, self.last)
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
+        if self.ema is not None:             # a run that turns the average on starts it from the weights
+            self.ema.load_state_dict(ck.get("ema", ck["model"]))
         self.state = RunState.from_dict(ck["state"], ck["config"].get("train", self.t)["batch_size"])
         self.log.truncate_after(self.state.step)
         self.say(f"resuming {self.last} at step {self.state.step} ({self.state.elapsed / 60:.1f} min trained)"
@@ -141,27 +150,57 @@ class Trainer:
 
     def save(self, name):
         if self.world.main:
-            checkpoint.save(self.run_dir / name, {"config": self.cfg, "model": self.model.state_dict(),
+            extra = {} if self.ema is None else {"ema": self.ema.state_dict()}
+            checkpoint.save(self.run_dir / name, {"config": self.cfg, "model": self.model.state_dict(), **extra,
                                                   "optimizer": self.opt.state_dict(), "state": self.state.to_dict()})
 
+    @property
+    def inference_model(self):
+        """What validation, best.pt and sample grids judge: the average of the weights when train.ema is on."""
+        return self.model if self.ema is None else self.ema
+
+    @torch.no_grad()
+    def update_ema(self):
+        """ema = d ema + (1 - d) weights, with d ramping up as (1 + step) / (10 + step) to train.ema, so
+        that the average does not start out dominated by the random initial weights."""
+        d = min(self.t["ema"], (1 + self.state.step) / (10 + self.state.step))
+        for avg, w in zip(self.ema.state_dict().values(), self.model.state_dict().values()):
+            avg.lerp_(w, 1 - d) if avg.is_floating_point() else avg.copy_(w)
+
+    def labels(self, idx):
+        """The batch's labels (N,) for a class-conditional model, each dropped (-1) with probability
+        train.label_dropout (seeded by the step, like dropout); None for an unconditional one."""
+        if not self.model.num_classes:
+            return None
+        y = self.y_train[idx]
+        return torch.where(torch.rand(len(y)) < self.t["label_dropout"], -1, y).to(self.device)
+
     def validate(self):
-        bpd = bits_per_dim(self.model, self.x_val, self.t["batch_size"], self.device, world=self.world)
-        self.log.scalars(self.state.step, {"val_bpd": bpd, "elapsed": self.state.elapsed})
+        labels = self.y_val if self.model.num_classes else None
+        bpd = bits_per_dim(self.inference_model, self.x_val, self.t["batch_size"], self.device, world=self.world,
+                           labels=labels)
+        row = {"val_bpd": bpd, "elapsed": self.state.elapsed}
+        if self.ema is not None:             # the raw weights too, so a run shows what the average gains
+            row["val_bpd_raw"] = bits_per_dim(self.model, self.x_val, self.t["batch_size"], self.device,
+                                              world=self.world, labels=labels)
+        self.log.scalars(self.state.step, row)
         if bpd < self.state.best_val:
             self.state.best_val = bpd
             self.save("best.pt")
-        self.say(f"step {self.state.step}: val bits/dim {bpd:.4f}" + (" (best.pt saved)" if
-                                                                         bpd == self.state.best_val else ""))
+        raw = f" (raw weights {row['val_bpd_raw']:.4f})" if "val_bpd_raw" in row else ""
+        self.say(f"step {self.state.step}: val bits/dim {bpd:.4f}{raw}" + (" (best.pt saved)" if
+                                                                              bpd == self.state.best_val else ""))
 
     def sample(self):
         """A small grid from the model as it stands (rank 0), seeded alike at every step for comparison."""
         if not self.world.main:
             return
-        info = dataset_info(self.cfg["data"]["name"])
-        n = self.t["sample_images"]
-        seqs = generate(self.model, n, seed=self.cfg["seed"], batch_size=n)
+        n, model = self.t["sample_images"], self.inference_model
+        labels = torch.arange(n) % model.num_classes if model.num_classes else None     # classes in turn
+        seqs = generate(model, n, seed=self.cfg["seed"], batch_size=n, labels=labels)
         self.model.train()
-        image = np.asarray(grid(to_images(seqs, info), nrow=math.ceil(math.sqrt(n)), scale=2))
+        self.last_sample = self.state.elapsed
+        image = np.asarray(grid(to_images(seqs, self.info), nrow=math.ceil(math.sqrt(n)), scale=2))
         path = self.log.image(self.state.step, "samples", image if image.ndim == 3 else image[..., None])
         self.say(f"step {self.state.step}: samples {path}")
 
@@ -180,15 +219,18 @@ class Trainer:
                      f"train.max_minutes to train on")
             return state
         self.model.train()
+        self.last_sample = state.elapsed                 # train.sample_minutes counts from here
         progress = Progress(self, enabled=self.world.main)
         with StopRequest() as stop:
             while True:
                 tick = time.perf_counter()
-                x = self.x_train[self.order.batch(state)].to(self.device, non_blocking=True)
+                idx = self.order.batch(state)
+                x = self.x_train[idx].to(self.device, non_blocking=True)
                 torch.manual_seed(step_seed(self.cfg["seed"], state.step, self.world.rank))
+                y = self.labels(idx)
                 with autocast(self.device, self.bf16):
                     # model.nll through self.net, so that DDP hooks the forward and syncs the gradients
-                    loss = -self.model.head.log_prob(self.net(x).float(), x).mean()   # nats per sub-pixel
+                    loss = -self.model.head.log_prob(self.net(x, y).float(), x).mean()   # nats per sub-pixel
                 # every rank agrees on stopping (a signal anywhere, rank 0's budget) and on rank 0's clock
                 signalled, spent, bad, elapsed = distributed.max_(self.world, [
                     stop.signal is not None, self.world.main and self.budget.spent(state),
@@ -207,6 +249,8 @@ class Trainer:
                 if t["grad_clip"]:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), t["grad_clip"])
                 self.opt.step()
+                if self.ema is not None:
+                    self.update_ema()
                 state.step += 1
                 self.order.advance(state)                     # the batch counts once it is trained on
                 state.elapsed += time.perf_counter() - tick
@@ -231,7 +275,8 @@ class Trainer:
         step, t = self.state.step, self.t
         if step % t["val_every"] == 0:
             self.validate()
-        if t["sample_every"] and step % t["sample_every"] == 0:
+        by_time = t["sample_minutes"] and self.state.elapsed - self.last_sample >= 60 * t["sample_minutes"]
+        if (t["sample_every"] and step % t["sample_every"] == 0) or by_time:
             self.sample()
         if step % t["save_every"] == 0:
             self.save("last.pt")

@@ -26,7 +26,7 @@ from ..errors import UserError
 from ..memory import check_batch_fits
 from ..model import build_model
 from ..precision import resolve_precisions
-from ..sampling import decode_step, fill_step, recompute_step
+from ..sampling import draw_step, fill_step, recompute_step
 from .. import plots
 from .report import machine, markdown_table
 
@@ -59,8 +59,8 @@ def step_latency(model, batch, t, reps=3, warmup=2, seed=0, dtype=None):
     g = torch.Generator().manual_seed(seed)
     token = torch.randint(0, 256, (batch,))
     for _ in range(warmup):
-        decode_step(model, token, state, 1.0, g)
-    return timed(lambda: decode_step(model, token, state, 1.0, g), reps)
+        draw_step(model, token, state, 1.0, g)
+    return timed(lambda: draw_step(model, token, state, 1.0, g), reps)
 
 
 @torch.inference_mode()

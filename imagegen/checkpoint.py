@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from . import shipped
 from .data import dataset_info
 from .errors import UserError
 from .model import build_model
@@ -41,24 +42,34 @@ def save(path, payload):
 
 
 def eval_json(path, split):
-    """Where imagegen-eval writes a checkpoint's result on a split (read back by the compare benchmark)."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}.{split}.json")
+    """Where imagegen-eval writes a checkpoint's result on a split (read back by the compare benchmark):
+    beside the checkpoint, or in the current folder for a shipped model (the package's folder is not ours)."""
+    path = shipped.resolve(path)
+    return Path(f"{path.stem}.{split}.json") if shipped.is_shipped(path) else path.with_name(f"{path.stem}.{split}.json")
 
 
 def load(path):
-    """The checked checkpoint dict at `path` (model and config; see `check_training` for resuming)."""
-    path = Path(path)
+    """The checked checkpoint dict at `path` (model and config; see `check_training` for resuming):
+    a .pt file of imagegen-train, a .safetensors file with its .json, or a shipped model's name."""
+    path = shipped.resolve(path)
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass checkpoint=PATH to a .pt file written by imagegen-train.")
+        raise UserError(f"checkpoint {path} does not exist; pass checkpoint=PATH to a .pt file written by imagegen-train "
+                        f"or a .safetensors file, or the name of a shipped model ({', '.join(shipped.names()) or 'none installed'}).")
+    if path.suffix == ".safetensors":
+        return check(shipped.read(path), path)
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, foreign objects: all unreadable to us
         reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         raise UserError(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason}); "
                         f"use another checkpoint, e.g. best.pt or last.pt from the run folder.") from None
+    return check(ck, path)
+
+
+def check(ck, path):
+    """The loaded dict `ck`, once its format tag, config and weights are checked."""
     if not isinstance(ck, dict) or ck.get("format") != FORMAT or "model" not in ck or "config" not in ck:
-        raise UserError(f"{path} is a PyTorch file but not an imagegen checkpoint (no '{FORMAT}' format tag); "
+        raise UserError(f"{path} is not an imagegen checkpoint (no '{FORMAT}' format tag); "
                         f"pass a checkpoint written by imagegen-train.")
     check_config(ck, path)
     check_weights(ck["model"], path)

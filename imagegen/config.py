@@ -99,7 +99,8 @@ class TrainConfig:
 @dataclass
 class CheckpointCommand:
     """What eval and sample share: a checkpoint, where to run, and a dataset override."""
-    checkpoint: str = opt(MISSING, "path of a .pt checkpoint written by imagegen-train")
+    checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train, a .safetensors model (with its .json) "
+                                   "or the name of a shipped model (mnist-linear)")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N")
     threads: int = opt(0, "CPU threads for torch (0: torch's default)")
     progress: bool = opt(True, "show a progress bar")
@@ -114,6 +115,7 @@ class EvalConfig(CheckpointCommand):
     lsh_draws: int = opt(1, "LSH: average the NLL over this many seeded hash draws")
     lsh_seed: int = opt(0, "LSH: seed of the first hash draw")
     precision: str = opt("float32", "float32, bfloat16 (the forward under bfloat16 autocast; sums in float64) or auto")
+    labels: bool = opt(True, "class-conditional models: score each image given its label (false: without labels)")
 
 
 @dataclass
@@ -132,6 +134,11 @@ class SampleConfig(CheckpointCommand):
     seed: int = opt(0, "seed of the draws")
     precision: str = opt("auto", "matrix products in float32, bfloat16 (sums, LayerNorm, the head and the draw stay "
                                  "float32) or auto (bfloat16 where the hardware is fast at it)")
+    label: Optional[int] = opt(None, "class-conditional models, grid mode: every image of this class (0..C-1)")
+    labels: Any = opt("auto", "class-conditional models: a list of classes, one grid row (nrow images) each; auto: "
+                              "one row per class (complete mode: each test image's own label); none: no labels")
+    guidance: Optional[float] = opt(None, "classifier-free guidance G (1: the plain conditional distribution, > 1: "
+                                          "more typical of the class); null: the model's recorded default, else 1")
 
 
 @dataclass
@@ -142,6 +149,20 @@ class ExportConfig:
     device: str = opt("cpu", "where the checkpoint is read (the page itself runs in the browser)")
     threads: int = opt(0, "CPU threads for torch (0: torch's default)")
     data: DataOverride = field(default_factory=lambda: DataOverride(download=False))
+
+
+@dataclass
+class ConvertConfig:
+    checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train (its averaged weights when it has them)")
+    out: str = opt(MISSING, "path without suffix: writes OUT.safetensors and OUT.json (e.g. checkpoints/my-model)")
+    guidance: float = opt(1.0, "the classifier-free guidance imagegen-sample uses for this model by default")
+    check_images: int = opt(500, "score the first N test images with the converted file and record the bits/dim "
+                                 "(0: skip)")
+    batch_size: int = opt(32, "images per forward pass of the check")
+    device: str = opt("cpu", "where the check runs")
+    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    progress: bool = opt(True, "show a progress bar")
+    data: DataOverride = field(default_factory=DataOverride)
 
 
 @dataclass
@@ -199,7 +220,7 @@ class PlotConfig:
 
 
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig,
-           "plot": PlotConfig, "export": ExportConfig}
+           "plot": PlotConfig, "export": ExportConfig, "convert": ConvertConfig}
 
 
 def register():
@@ -279,6 +300,14 @@ def check_sample(cfg):
     if cfg["mode"] not in ("grid", "complete"):
         raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
     positive(cfg, ("num_images", "num_originals", "completions", "nrow", "scale", "batch_size", "temperature"), "")
+    labels = cfg.get("labels", "auto")
+    if not (labels in ("auto", "none", None) or (isinstance(labels, list) and labels
+                                                   and all(isinstance(v, int) for v in labels))):
+        raise UserError(f"labels must be auto, none or a list of class numbers such as labels=[0,1,2], got {labels!r}.")
+    if cfg.get("label") is not None and isinstance(labels, list):
+        raise UserError("give label=N (one class for the whole grid) or labels=[...] (a row per class), not both.")
+    if cfg.get("guidance") is not None and cfg["guidance"] < 0:
+        raise UserError(f"guidance must be >= 0 (1: the plain conditional distribution), got {cfg['guidance']}.")
 
 
 def check_eval(cfg):

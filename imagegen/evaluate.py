@@ -5,11 +5,10 @@ the attention's sums and the head's log-likelihood in float32); the NLL is summe
 either way."""
 import json
 import time
-from pathlib import Path
 
 import torch
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, shipped
 from .cli import hydra_entry
 from .config import check_eval
 from .data import load_from_config
@@ -29,12 +28,13 @@ def evaluate(cfg, device):
 
 def evaluate_on(cfg, device, world):
     check_eval(cfg)
-    path = Path(cfg["checkpoint"])
+    path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device)
-    (x,) = load_from_config(ck["config"]["data"], (cfg["split"],), cfg["data"])
+    ((x, y),) = load_from_config(ck["config"]["data"], (cfg["split"],), cfg["data"], labels=True)
     if cfg["max_images"]:
-        x = x[: cfg["max_images"]]
+        x, y = x[: cfg["max_images"]], y[: cfg["max_images"]]
+    labels = y if model.num_classes and cfg.get("labels", True) else None
     lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]
     draws = cfg["lsh_draws"] if lsh else 1
     dtype = resolve_precision(cfg.get("precision", "float32"), device)
@@ -48,11 +48,11 @@ def evaluate_on(cfg, device, world):
         with autocast(device, dtype == torch.bfloat16):
             nats.append(total_nll(model, x, cfg["batch_size"], device, progress=cfg["progress"] and world.main,
                                   desc=f"{cfg['split']} draw {draw + 1}/{draws}" if lsh else cfg["split"],
-                                  world=world))
+                                  world=world, labels=labels))
     bpd = sum(nats) / len(nats) / (x.numel() * LN2)
     result = {"bits_per_dim": bpd, "split": cfg["split"], "images": len(x), "max_images": cfg["max_images"] or None,
               "dims": x.shape[1], "attention": ck["config"]["model"]["attention"], "lsh_draws": draws,
-              "precision": dtype_name(dtype),
+              "precision": dtype_name(dtype), "labels": None if not model.num_classes else labels is not None,
               "checkpoint": str(path), "checkpoint_step": ck.get("state", {}).get("step"),
               "checkpoint_mtime": path.stat().st_mtime, "seconds": time.perf_counter() - start}
     if not world.main:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint
+from . import checkpoint, shipped
 from .cli import hydra_entry
 from .data import dataset_info, load_from_config
 from .errors import UserError
@@ -93,7 +93,7 @@ def write_site(model, dataset, out, examples=None):
 
 def export(cfg):
     """Write the site for cfg['checkpoint'] into cfg['out']; returns {file name: bytes written}."""
-    path = Path(cfg["checkpoint"])
+    path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
     page_config(model, ck["config"]["data"]["name"])          # refuse what the page cannot run before reading data

@@ -2,7 +2,9 @@
 import time
 from pathlib import Path
 
-from . import checkpoint
+import torch
+
+from . import checkpoint, shipped
 from .cli import hydra_entry
 from .config import check_sample
 from .data import dataset_info, load_from_config
@@ -10,9 +12,26 @@ from .precision import dtype_name, resolve_precision, slow_bf16_note
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
 
 
+def grid_labels(cfg, model):
+    """(labels (n,) or None, images per row, n) of a grid: label=N fills it with one class; a list
+    of labels (or auto, on a class-conditional model: every class) gives each its row of nrow images."""
+    if not model.num_classes or cfg["labels"] in ("none", None) and cfg["label"] is None:
+        return None, cfg["nrow"], cfg["num_images"]
+    if cfg["label"] is not None:
+        return torch.tensor([cfg["label"]]), cfg["nrow"], cfg["num_images"]
+    rows = list(range(model.num_classes)) if cfg["labels"] == "auto" else cfg["labels"]
+    return torch.tensor(rows).repeat_interleave(cfg["nrow"]), cfg["nrow"], len(rows) * cfg["nrow"]
+
+
+def default_out(path, mode):
+    """<checkpoint stem>-<mode>.png beside the checkpoint, or in the current folder for a shipped model."""
+    name = f"{path.stem}-{mode}.png"
+    return Path(name) if shipped.is_shipped(path) else path.with_name(name)
+
+
 def run_sample(cfg, device):
     check_sample(cfg)
-    path = Path(cfg["checkpoint"])
+    path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     info = dataset_info(ck["config"]["data"]["name"])
@@ -21,22 +40,24 @@ def run_sample(cfg, device):
     dtype = resolve_precision(cfg["precision"], device)
     if note := slow_bf16_note(dtype, device):
         print(note)
+    guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
     common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
-                  progress=cfg["progress"], dtype=dtype)
-    out = Path(cfg["out"] or path.with_name(f"{path.stem}-{cfg['mode']}.png"))   # default: beside the checkpoint
+                  progress=cfg["progress"], dtype=dtype, guidance=guidance)
+    out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":
-        seqs = generate(model, cfg["num_images"], desc=f"{label} sampling", **common)
+        labels, nrow, n = grid_labels(cfg, model)
+        seqs = generate(model, n, desc=f"{label} sampling", labels=labels, **common)
         images = to_images(seqs, info)
-        nrow = cfg["nrow"]
     else:                                    # mode=complete (check_sample allows no other)
-        (originals,) = load_from_config(ck["config"]["data"], ("test",), cfg["data"])
-        originals = originals[: cfg["num_originals"]]
+        ((originals, classes),) = load_from_config(ck["config"]["data"], ("test",), cfg["data"], labels=True)
+        originals, classes = originals[: cfg["num_originals"]], classes[: cfg["num_originals"]]
         k = cfg["completions"]
         keep = info.height // 2
         prefix = originals[:, : keep * info.width * info.channels].repeat_interleave(k, dim=0)
-        seqs = generate(model, len(prefix), prefix=prefix, desc=f"{label} completing", **common)
+        labels = classes.repeat_interleave(k) if model.num_classes and cfg["labels"] not in ("none", None) else None
+        seqs = generate(model, len(prefix), prefix=prefix, desc=f"{label} completing", labels=labels, **common)
         completions = to_images(seqs, info).reshape(len(originals), k, info.height, info.width, info.channels)
         images = completion_rows(to_images(originals, info), completions, keep)
         nrow = k + 2
@@ -48,13 +69,19 @@ def run_sample(cfg, device):
         for i, img in enumerate(to_images(seqs, info)):
             grid(img[None], nrow=1, scale=cfg["scale"], pad=0).save(folder / f"{i:04d}.png")
     print(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
+    conditioning = ""
+    if model.num_classes:
+        conditioning = (f", labels: {'none' if labels is None else 'given'}, guidance {guidance:g}" if labels is not None
+                        else ", no labels")
     print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}, "
-          f"{dtype_name(dtype)} (precision={cfg['precision']}): {len(seqs) / seconds:.2f} images/sec")
+          f"{dtype_name(dtype)} (precision={cfg['precision']}){conditioning}: {len(seqs) / seconds:.2f} images/sec")
 
 
 main = hydra_entry("sample", run_sample,
                    description='sample an image grid, or completions of test images, from a checkpoint.',
-                   examples=["imagegen-sample checkpoint=checkpoints/mnist-linear-small/best.pt num_images=64",
+                   examples=["imagegen-sample                       # the shipped mnist-linear: a row per digit",
+                             "imagegen-sample label=7 num_images=16 guidance=2",
+                             "imagegen-sample checkpoint=checkpoints/mnist-linear-small/best.pt num_images=64",
                              "imagegen-sample checkpoint=run/best.pt mode=complete out=complete.png"])
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ split and with the same max_images; rows over different image counts are refused
 import json
 from pathlib import Path
 
-from .. import checkpoint
+from .. import checkpoint, shipped
 from ..data import dataset_info
 from ..errors import UserError
 from ..sampling import resolve_sampler, sampler_label
@@ -39,7 +39,7 @@ def run(cfg, evaluate):
         raise UserError("mode=compare needs checkpoints=[a.pt,b.pt,...].")
     rows, models = [], []
     for p in cfg["checkpoints"]:           # bits/dim first: a mismatch stops before the timing
-        path = Path(p)
+        path = shipped.resolve(p)
         ck = checkpoint.load(path)
         result, source = current_eval(path, ck, cfg["split"], cfg["max_images"]), "json"
         if result is None:

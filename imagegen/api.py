@@ -1,0 +1,109 @@
+"""The Python API: a trained model by name or path, and what the commands do with it, in a few lines.
+
+    import imagegen
+    model = imagegen.load("mnist-linear")                 # a shipped model, a .safetensors or a .pt file
+    digits = model.generate(labels=[7] * 8, guidance=2)   # (8, 28, 28, 1) uint8
+    model.grid(digits, nrow=8).save("sevens.png")
+    halves = model.complete(digits[:2], rows=14, n=4)     # keep 14 rows of each, sample the rest 4 times
+    model.bits_per_dim(test_images, labels=test_labels)
+
+Images are numpy uint8 arrays (N, H, W, C); labels are class numbers (model.class_names names them).
+"""
+import numpy as np
+import torch
+
+from . import checkpoint, shipped
+from .data import dataset_info
+from .errors import UserError
+from .precision import resolve_precision
+from .sampling import generate, grid, resolve_sampler, to_images
+from .scoring import bits_per_dim
+
+
+def load(name_or_path=shipped.DEFAULT, device="cpu"):
+    """The model a checkpoint= value names (shipped name, .safetensors with its .json, or .pt), checked
+    as every command checks it, on `device`, in evaluation mode."""
+    path = shipped.resolve(name_or_path)
+    ck = checkpoint.load(path)
+    return Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck)
+
+
+class Model:
+    """A loaded PixelTransformer with its dataset's shape and class names. Attributes: module (the
+    torch module), info (DatasetInfo: height, width, channels, class_names), config (the run's),
+    guidance (the default recorded with a shipped model, else 1)."""
+
+    def __init__(self, module, ck):
+        self.module, self.config = module, ck["config"]
+        self.info = dataset_info(self.config["data"]["name"])
+        self.guidance = ck.get("record", {}).get("guidance", 1.0)
+
+    @property
+    def class_names(self):
+        """Names of the classes labels refer to (empty for an unconditional model)."""
+        return list(self.info.class_names) if self.module.num_classes else []
+
+    @property
+    def device(self):
+        return next(self.module.parameters()).device
+
+    def generate(self, n=None, labels=None, temperature=1.0, guidance=None, seed=0, precision="float32",
+                 batch_size=64, progress=False):
+        """n images (N, H, W, C) uint8; labels: one class for all, or one per image (n defaults to
+        their count, else 16); guidance: None takes the model's default."""
+        labels = self._labels(labels)
+        n = n if n is not None else (len(labels) if labels is not None and len(labels) > 1 else 16)
+        seqs = generate(self.module, n, temperature=temperature, seed=seed, batch_size=batch_size,
+                        labels=labels, guidance=self.guidance if guidance is None else guidance,
+                        dtype=resolve_precision(precision, self.device), progress=progress)
+        return to_images(seqs, self.info)
+
+    def complete(self, images, rows=None, n=1, labels=None, temperature=1.0, guidance=None, seed=0,
+                 precision="float32", batch_size=64):
+        """Keep the top `rows` image rows (default: half) of images (B, H, W, C) uint8 and sample the
+        rest n times each: (B, n, H, W, C) uint8."""
+        images = self._images(images)
+        rows = self.info.height // 2 if rows is None else rows
+        if not 0 <= rows <= self.info.height:
+            raise UserError(f"rows must lie in 0..{self.info.height}, got {rows}.")
+        keep = rows * self.info.width * self.info.channels
+        prefix = torch.from_numpy(images.reshape(len(images), -1)[:, :keep]).repeat_interleave(n, dim=0)
+        labels = self._labels(labels)
+        if labels is not None and len(labels) == len(images):
+            labels = labels.repeat_interleave(n)
+        seqs = generate(self.module, len(prefix), prefix=prefix, temperature=temperature, seed=seed,
+                        batch_size=batch_size, labels=labels, guidance=self.guidance if guidance is None else guidance,
+                        dtype=resolve_precision(precision, self.device))
+        return to_images(seqs, self.info).reshape(len(images), n, *images.shape[1:])
+
+    def bits_per_dim(self, images, labels=None, batch_size=32):
+        """Exact bits/dim of images (B, H, W, C) uint8, given their labels for a class-conditional model."""
+        images = self._images(images)
+        x = torch.from_numpy(images.reshape(len(images), -1))
+        return bits_per_dim(self.module, x, batch_size, self.device, labels=self._labels(labels, len(images)))
+
+    def grid(self, images, nrow=8, scale=4):
+        """A PIL image tiling images (B, H, W, C) uint8, nrow per row, upscaled `scale` times."""
+        return grid(np.asarray(images), nrow=nrow, scale=scale)
+
+    @property
+    def sampler(self):
+        """How this model samples: step (an RNN or KV cache) or recompute (LSH)."""
+        return resolve_sampler(self.module, "auto")
+
+    def _images(self, images):
+        images = np.ascontiguousarray(images, dtype=np.uint8)
+        shape = (self.info.height, self.info.width, self.info.channels)
+        if images.ndim == 3 and self.info.channels == 1:
+            images = images[..., None]
+        if images.ndim != 4 or images.shape[1:] != shape:
+            raise UserError(f"images must be (N, {shape[0]}, {shape[1]}, {shape[2]}) uint8, got {images.shape}.")
+        return images
+
+    def _labels(self, labels, n=None):
+        if labels is None:
+            return None
+        labels = torch.as_tensor(np.asarray(labels), dtype=torch.long).flatten()
+        if n is not None and len(labels) != n:
+            raise UserError(f"give one label per image: {n} images but {len(labels)} labels.")
+        return labels

@@ -1,0 +1,102 @@
+"""Class-conditional models: the class embedding, label dropout's "no label" row, classifier-free
+guidance in both sampling loops, and step == forward with labels."""
+import pytest
+import torch
+
+from imagegen.errors import UserError
+from imagegen.likelihood import Categorical, LogisticMixture, guided_probs
+from imagegen.model import START, PixelTransformer
+from imagegen.sampling import generate
+
+
+def tiny(attention="linear", classes=3, length=48, channels=3, **kw):
+    torch.manual_seed(0)
+    model = PixelTransformer(length, channels, 4, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64,
+                             num_classes=classes, **kw).double()
+    if classes:
+        torch.nn.init.normal_(model.label.weight, std=1.0)       # a trained model's classes differ this much
+    return model
+
+
+def test_the_class_changes_the_prediction_from_the_first_sub_pixel():
+    model = tiny()
+    x = torch.randint(0, 256, (1, 48), dtype=torch.uint8).repeat(3, 1)
+    out = model(x, torch.tensor([0, 1, 2]))
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        assert not torch.allclose(out[a, 0], out[b, 0])
+
+
+def test_no_label_is_the_last_row_and_what_label_dropout_trains():
+    model = tiny()
+    x = torch.randint(0, 256, (2, 48), dtype=torch.uint8)
+    none = model(x)
+    assert torch.equal(none, model(x, torch.tensor([-1, -1])))
+    assert torch.equal(none, model(x, torch.tensor([3, 3])))     # row C: the dropped label
+    assert not torch.allclose(none, model(x, torch.tensor([0, 0])))
+
+
+def test_unconditional_models_have_no_label_parameters_and_refuse_labels_when_sampling():
+    model = tiny(classes=0)
+    assert not any("label" in name for name in model.state_dict())
+    with pytest.raises(UserError, match="unconditional"):
+        generate(model, 2, labels=[0, 1])
+
+
+@pytest.mark.parametrize("labels", [[0, 5], [0, 1, 2], [0, -2]])
+def test_bad_labels_are_one_sentence(labels):
+    with pytest.raises(UserError, match="labels must be"):
+        generate(tiny(), 2, labels=labels)
+
+
+@pytest.mark.parametrize("attention,whole_model", [("linear", True), ("linear", False), ("softmax", False)])
+def test_step_equals_forward_with_labels(attention, whole_model):
+    model = tiny(attention).float().eval()
+    x = torch.randint(0, 256, (3, 48), dtype=torch.uint8)
+    y = torch.tensor([2, -1, 0])
+    with torch.no_grad():
+        expected = model(x, y)
+        state = model.init_state(3, "cpu", whole_model_kernel=whole_model, labels=y)
+        token = torch.full((3,), START)
+        for t in range(48):
+            params, state = model.step(token, state)
+            torch.testing.assert_close(params, expected[:, t], rtol=1e-4, atol=1e-4)
+            token = x[:, t].long()
+
+
+@pytest.mark.parametrize("head", [Categorical(), LogisticMixture(3)])
+def test_guidance_combines_the_two_distributions(head):
+    torch.manual_seed(1)
+    pc, pu = torch.randn(4, head.n_params), torch.randn(4, head.n_params)
+    c, u = head.probs(pc), head.probs(pu)
+    assert torch.equal(guided_probs(head, pc, pu, 1.0), c)
+    torch.testing.assert_close(guided_probs(head, pc, pu, 0.0), u / u.sum(-1, keepdim=True))
+    g = guided_probs(head, pc, pu, 3.0)
+    expected = c ** 3 * u ** -2
+    torch.testing.assert_close(g, expected / expected.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_guided_rnn_sampler_equals_guided_recompute_sampler(attention):
+    model = tiny(attention, head="categorical")
+    labels = torch.tensor([0, 1, 2, 1, -1])
+    stepped = generate(model, 5, sampler="step", seed=3, batch_size=2, labels=labels, guidance=2.5)
+    recomputed = generate(model, 5, sampler="recompute", seed=3, batch_size=2, labels=labels, guidance=2.5)
+    assert torch.equal(stepped, recomputed)
+    plain = generate(model, 5, sampler="step", seed=3, batch_size=2, labels=labels)
+    assert not torch.equal(stepped, plain)
+
+
+def test_guidance_one_is_the_conditional_distribution_and_needs_no_second_branch(monkeypatch):
+    model = tiny(head="categorical")
+    labels = torch.tensor([1, 2])
+    batches = []
+    original = model.init_state
+    monkeypatch.setattr(model, "init_state", lambda batch, *a, **k: batches.append(batch) or original(batch, *a, **k))
+    generate(model, 2, labels=labels, guidance=1.0)
+    generate(model, 2, labels=labels, guidance=2.0)
+    assert batches == [2, 4]
+
+
+def test_a_single_label_applies_to_every_image():
+    model = tiny(head="categorical")
+    assert torch.equal(generate(model, 3, labels=[2], seed=5), generate(model, 3, labels=[2, 2, 2], seed=5))

@@ -1,0 +1,128 @@
+"""The shippable form (.safetensors + .json, imagegen-convert), names of shipped models, the Python API
+and imagegen-sample's class grids."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import imagegen
+from imagegen import checkpoint, shipped
+from imagegen.convert import convert
+from imagegen.data import DATASETS, load_split
+from imagegen.errors import UserError
+from imagegen.evaluate import evaluate_on
+from imagegen.distributed import World
+from imagegen.model import build_model
+from imagegen.sample import run_sample
+from imagegen.scoring import bits_per_dim
+
+MODEL = {"attention": "linear", "attention_options": {"impl": "chunked"}, "n_layers": 1, "d_model": 16,
+         "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 10, "dropout": 0.0, "num_classes": 10}
+
+
+@pytest.fixture
+def run_checkpoint(tmp_path, mnist_root):
+    """A best.pt of a (random) class-conditional MNIST model, with an averaged copy of its weights."""
+    torch.manual_seed(0)
+    model = build_model(MODEL, DATASETS["mnist"])
+    ema = build_model(MODEL, DATASETS["mnist"])
+    config = {"model": MODEL, "data": {"name": "mnist", "root": str(mnist_root), "download": False, "mirror": None,
+                                       "val_fraction": 0.05, "split_seed": 0}, "train": {"lr": 1e-3}}
+    path = tmp_path / "run" / "best.pt"
+    checkpoint.save(path, {"config": config, "model": model.state_dict(), "ema": ema.state_dict(),
+                           "state": {"step": 7, "elapsed": 90.0, "epoch": 0, "seen": 0, "best_val": 5.0}})
+    return path, ema
+
+
+def convert_cfg(path, out, mnist_root, check_images=4):
+    return {"checkpoint": str(path), "out": str(out), "guidance": 2.0, "check_images": check_images,
+            "batch_size": 8, "device": "cpu", "threads": 0, "progress": False,
+            "data": {"root": str(mnist_root), "download": None, "mirror": None}}
+
+
+def test_convert_writes_the_averaged_weights_and_a_config_that_loads_anywhere(run_checkpoint, tmp_path, mnist_root):
+    path, ema = run_checkpoint
+    record = convert(convert_cfg(path, tmp_path / "ship" / "digits", mnist_root), torch.device("cpu"))
+    weights = tmp_path / "ship" / "digits.safetensors"
+    meta = json.loads(weights.with_suffix(".json").read_text())
+    assert meta["config"]["model"]["attention_options"]["impl"] == "auto"     # the loading machine's choice
+    assert meta["config"]["data"]["root"] is None and meta["record"]["guidance"] == 2.0
+    assert record["step"] == 7 and record["averaged_weights"] and record["n_params"] == sum(
+        p.numel() for p in ema.parameters())
+    model = imagegen.load(weights)
+    for name, value in ema.state_dict().items():
+        assert torch.equal(model.module.state_dict()[name], value)
+    x, y = load_split("mnist", mnist_root, "test")
+    expected = bits_per_dim(ema, x[:4], 8, "cpu", labels=y[:4])
+    assert record["test_check"]["bits_per_dim"] == pytest.approx(expected, rel=1e-6)
+    assert model.guidance == 2.0 and model.class_names == [str(d) for d in range(10)]
+
+
+def test_api_generates_completes_and_scores_like_the_commands(run_checkpoint, tmp_path, mnist_root):
+    path, _ = run_checkpoint
+    model = imagegen.load(path)
+    images = model.generate(labels=[3, 4], guidance=1.5, seed=1)
+    assert images.shape == (2, 28, 28, 1) and images.dtype == np.uint8
+    assert np.array_equal(images, model.generate(labels=[3, 4], guidance=1.5, seed=1))
+    halves = model.complete(images, rows=14, n=3, labels=[3, 4])
+    assert halves.shape == (2, 3, 28, 28, 1)
+    assert np.array_equal(halves[:, :, :14], np.repeat(images[:, None, :14], 3, axis=1))
+    x, y = load_split("mnist", mnist_root, "test")
+    ours = model.bits_per_dim(x[:6].numpy().reshape(6, 28, 28, 1), labels=y[:6])
+    cfg = {"checkpoint": str(path), "split": "test", "batch_size": 4, "max_images": 6, "lsh_draws": 1, "lsh_seed": 0,
+           "precision": "float32", "labels": True, "progress": False, "data": {"root": None}}
+    assert evaluate_on(cfg, torch.device("cpu"), World())["bits_per_dim"] == pytest.approx(ours, rel=1e-9)
+    with pytest.raises(UserError, match="one label per image"):
+        model.bits_per_dim(x[:6].numpy().reshape(6, 28, 28, 1), labels=y[:5])
+    with pytest.raises(UserError, match="images must be"):
+        model.bits_per_dim(np.zeros((2, 32, 32, 3), np.uint8))
+
+
+def test_damaged_or_mismatched_safetensors_are_one_sentence(run_checkpoint, tmp_path, mnist_root):
+    path, _ = run_checkpoint
+    convert(convert_cfg(path, tmp_path / "m", mnist_root, check_images=0), torch.device("cpu"))
+    weights, meta = tmp_path / "m.safetensors", tmp_path / "m.json"
+    config = json.loads(meta.read_text())
+    config["config"]["model"]["d_model"] = 32
+    meta.write_text(json.dumps(config))
+    with pytest.raises(UserError, match="do not fit the architecture"):
+        imagegen.load(weights)
+    meta.write_text("{not json")
+    with pytest.raises(UserError, match="not a readable config"):
+        checkpoint.load(weights)
+    meta.unlink()
+    with pytest.raises(UserError, match="no config beside it"):
+        checkpoint.load(weights)
+    convert(convert_cfg(path, tmp_path / "m", mnist_root, check_images=0), torch.device("cpu"))
+    weights.write_bytes(weights.read_bytes()[:300])
+    with pytest.raises(UserError, match="not a readable .safetensors"):
+        checkpoint.load(weights)
+
+
+def test_names_resolve_to_shipped_models_and_outputs_stay_out_of_the_package(run_checkpoint, tmp_path, mnist_root,
+                                                                             monkeypatch):
+    path, _ = run_checkpoint
+    package = tmp_path / "package"
+    convert(convert_cfg(path, package / "tiny-digits", mnist_root, check_images=0), torch.device("cpu"))
+    monkeypatch.setattr(shipped, "SHIPPED", package)
+    monkeypatch.chdir(tmp_path)
+    assert shipped.names() == ["tiny-digits"] and shipped.resolve("tiny-digits") == package / "tiny-digits.safetensors"
+    with pytest.raises(UserError, match="shipped model .tiny-digits"):
+        checkpoint.load("no-such-model")
+    assert checkpoint.eval_json("tiny-digits", "test") == Path("tiny-digits.test.json")
+    cfg = {"checkpoint": "tiny-digits", "mode": "grid", "num_images": 64, "num_originals": 2, "completions": 2,
+           "out": None, "nrow": 3, "scale": 1, "save_each": False, "sampler": "auto", "batch_size": 64,
+           "temperature": 1.0, "seed": 0, "precision": "float32", "label": None, "labels": "auto", "guidance": None,
+           "progress": False, "data": {"root": str(mnist_root), "download": None, "mirror": None}}
+    run_sample(cfg, torch.device("cpu"))
+    png = Image.open(tmp_path / "tiny-digits-grid.png")                  # in the current folder, not the package's
+    assert png.size == (3 * 30 + 2, 10 * 30 + 2)                          # auto: a row of nrow images per class
+    run_sample({**cfg, "labels": [4, 2], "out": "two.png"}, torch.device("cpu"))
+    assert Image.open("two.png").size == (3 * 30 + 2, 2 * 30 + 2)
+    run_sample({**cfg, "label": 5, "num_images": 4, "labels": "auto", "out": "five.png"}, torch.device("cpu"))
+    assert Image.open("five.png").size == (3 * 30 + 2, 2 * 30 + 2)
+    run_sample({**cfg, "mode": "complete", "out": "complete.png"}, torch.device("cpu"))
+    assert list(package.iterdir()) and not list(package.glob("*.png"))

@@ -8,6 +8,7 @@ from . import checkpoint, shipped
 from .cli import hydra_entry
 from .config import check_sample
 from .data import dataset_info, load_from_config
+from .ops.kernel import prebuilt_only
 from .precision import dtype_name, resolve_precision, slow_bf16_note
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
 
@@ -31,6 +32,7 @@ def default_out(path, mode):
 
 def run_sample(cfg, device):
     check_sample(cfg)
+    prebuilt_only()                          # never wait for the C++ kernel's first compile here
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()

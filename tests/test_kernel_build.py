@@ -208,3 +208,15 @@ def test_real_kernel_build_killed_concurrent_and_reused(tmp_path):
     assert fourth.returncode == 0 and fourth.stdout.strip() == "kernel ok", fourth.stderr
     assert "imagegen:" not in fourth.stderr              # reused silently
     assert len(list(ext.iterdir())) == 1                 # one hashed folder
+
+
+def test_prebuilt_only_never_compiles(tmp_path, monkeypatch):
+    """imagegen-sample's switch: with no finished build in the (empty) extension root, the kernel is
+    reported unavailable at once, naming how to build it, instead of compiling for a minute."""
+    kernel = kernel_mod
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(kernel, "_modules", {})
+    monkeypatch.setattr(kernel, "_compile", [False])
+    with pytest.raises(kernel.KernelUnavailable, match="not built yet.*python -m imagegen.ops.kernel"):
+        kernel.load_kernel("cpu")
+    assert not any(tmp_path.rglob("*.so"))

@@ -42,6 +42,7 @@ DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
 MAX_CUDA_DIM = 256  # largest E and M the CUDA kernel supports (csrc/causal_product_cuda.cu)
 
 _modules = {}  # device type -> built module, or the KernelUnavailable that stopped it
+_compile = [True]  # False: take the kernel only when an earlier process has built it (`prebuilt_only`)
 _warned = set()  # (what, device type) pairs whose fallback has been announced
 
 
@@ -86,6 +87,10 @@ def _build(device_type):
     name = f"imagegen_causal_product_{device_type}_{key}"  # module name and folder name
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     build_dir = Path(root) / name
+
+    if not _compile[0] and not (build_dir / "done").is_file():
+        raise KernelUnavailable("not built yet, and this command does not wait a minute for its first compile; "
+                                "`python -m imagegen.ops.kernel` or any imagegen-train builds it once for every later run")
 
     def build():
         return cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=cflags,
@@ -212,6 +217,13 @@ def warn_fallback(what, device_type, why):
                       f"PyTorch form.", RuntimeWarning, stacklevel=5)
 
 
+def prebuilt_only():
+    """From now on in this process take the kernel only if it is built already (commands that should
+    answer in seconds, like imagegen-sample: its first compile takes a minute, longer than the sampling
+    it would speed up; the PyTorch form samples the same model meanwhile)."""
+    _compile[0] = False
+
+
 def ensure_kernel(device_type):
     """Build (or load) the kernel for device_type now, before anything is timed: the first
     build takes a minute or more. None when the kernel is usable, else why not (warned once)."""
@@ -323,3 +335,8 @@ def decode_step(h, layers, head, n_heads, ln_eps, eps):
     """One decoding position of a whole linear PixelTransformer in one C++ call (see
     `PixelTransformer.kernel_weights`): h (N, D) embedded tokens -> parameters (N, P)."""
     return load_kernel("cpu").decode_step(h, layers, head, n_heads, ln_eps, eps)
+
+
+if __name__ == "__main__":                      # python -m imagegen.ops.kernel: build the CPU kernel now
+    why = ensure_kernel("cpu")
+    raise SystemExit(f"error: the C++ kernel cannot be built: {why}" if why else "the C++ kernel is built")

@@ -1,0 +1,103 @@
+"""Do a class-conditional model's samples show the class asked for? A small CNN digit classifier is
+trained on the model's own training files, its accuracy measured on the test set, then it labels
+`--per-class` samples of every class at each guidance; the table gives the share recognised as the
+class asked for, per class and overall.
+
+    python -m imagegen.benchmarks.label_accuracy [--checkpoint mnist-linear] [--data-root DIR]
+        [--guidance 1 2 3] [--per-class 100] [--epochs 4] [--out-dir bench]
+
+Writes bench/label_accuracy.{json,md}. The classifier is a judge, not part of imagegen: two 3x3
+convolutions with max-pooling and a linear layer (the classic small MNIST CNN), Adam, seeded.
+"""
+import argparse
+import time
+
+import torch
+from torch import nn
+
+from .. import checkpoint, shipped
+from ..data import dataset_info, load_from_config
+from ..sampling import generate
+from .report import machine, markdown_table, write_outputs
+
+
+def classifier(channels, classes, height, width):
+    return nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(64 * (height // 4) * (width // 4), classes))
+
+
+def as_input(seqs, info):
+    """(N, D) uint8 sequences -> (N, C, H, W) float in [0, 1]."""
+    return seqs.reshape(-1, info.height, info.width, info.channels).permute(0, 3, 1, 2).float() / 255
+
+
+def train_classifier(x, y, info, epochs, seed=0, batch=64):
+    """A classifier trained on images x (N, D) uint8 with labels y (N,)."""
+    torch.manual_seed(seed)
+    net = classifier(info.channels, info.num_classes, info.height, info.width)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _ in range(epochs):
+        for idx in torch.randperm(len(x)).split(batch):
+            loss = nn.functional.cross_entropy(net(as_input(x[idx], info)), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return net.eval()
+
+
+@torch.no_grad()
+def predict(net, x, info):
+    return torch.cat([net(as_input(part, info)).argmax(-1) for part in x.split(500)])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", default=shipped.DEFAULT)
+    p.add_argument("--data-root", default=None, help="folder of the dataset (default: the checkpoint's)")
+    p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 2.0, 3.0])
+    p.add_argument("--per-class", type=int, default=100)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=100, help="images sampled together")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default="bench")
+    args = p.parse_args(argv)
+
+    path = shipped.resolve(args.checkpoint)
+    ck = checkpoint.load(path)
+    model = checkpoint.model_from_checkpoint(ck, path).eval()
+    info = dataset_info(ck["config"]["data"]["name"])
+    if not model.num_classes:
+        raise SystemExit(f"error: {path} is an unconditional model; this benchmark needs a class-conditional one.")
+    overrides = {"root": args.data_root}
+    train, test = load_from_config({**ck["config"]["data"], "val_fraction": 0.0}, ("train", "test"), overrides,
+                                   labels=True)
+    start = time.perf_counter()
+    net = train_classifier(*train, info, args.epochs, args.seed)
+    accuracy = (predict(net, test[0], info) == test[1]).float().mean().item()
+    print(f"classifier: {len(train[0])} training images, {args.epochs} epochs, {time.perf_counter() - start:.0f} s; "
+          f"test accuracy {accuracy:.4f} on {len(test[0])} images")
+    asked = torch.arange(model.num_classes).repeat_interleave(args.per_class)
+    rows = []
+    for guidance in args.guidance:
+        start = time.perf_counter()
+        seqs = generate(model, len(asked), labels=asked, guidance=guidance, seed=args.seed,
+                        batch_size=args.batch_size, progress=True, desc=f"guidance {guidance:g}")
+        seconds = time.perf_counter() - start
+        hit = predict(net, seqs, info) == asked
+        row = {"guidance": guidance, "samples": len(asked), "recognised": hit.float().mean().item(),
+               "seconds": seconds}
+        row.update({f"class_{c}": hit[asked == c].float().mean().item() for c in range(model.num_classes)})
+        rows.append(row)
+        print(f"guidance {guidance:g}: {row['recognised']:.3f} recognised as the class asked for ({seconds:.0f} s)")
+    columns = [("guidance", "guidance", "{:g}"), ("recognised", "all", "{:.3f}")] + [
+        (f"class_{c}", info.class_names[c], "{:.2f}") for c in range(model.num_classes)]
+    md = (f"Share of samples recognised as the class asked for ({args.per_class} per class; checkpoint {path}; "
+          f"judge: a small CNN trained on the {len(train[0])} training images, test accuracy {accuracy:.4f}; "
+          f"{machine()})\n\n" + markdown_table(rows, columns))
+    write_outputs(args.out_dir, "label_accuracy", {"checkpoint": str(path), "classifier_test_accuracy": accuracy,
+                                                   "machine": machine(), "rows": rows}, md)
+
+
+if __name__ == "__main__":
+    main()

@@ -40,4 +40,17 @@ PY
 grep -q "compiling the C++ kernel for cpu done" "$work/train.err" \
   || { echo "wheel_check: the C++ kernel was not compiled from the installed sources" >&2; exit 1; }
 test -f "$work/run/last.pt" || { echo "wheel_check: no checkpoint written" >&2; exit 1; }
+# the shipped model, by name, from the installed wheel: the Python API and imagegen-sample with no checkpoint
+"$py" - "$work/venv" <<'PY'
+import sys
+import imagegen
+from imagegen import shipped
+assert str(shipped.SHIPPED).startswith(sys.argv[1]), f"shipped models come from {shipped.SHIPPED}, not the wheel"
+model = imagegen.load("mnist-linear")
+images = model.generate(labels=[3], n=2, seed=0)
+assert images.shape == (2, 28, 28, 1), images.shape
+print(f"wheel_check: mnist-linear loaded from {shipped.SHIPPED} and sampled")
+PY
+"$work/venv/bin/imagegen-sample" nrow=1 progress=false threads=1
+test -s "$work/mnist-linear-grid.png" || { echo "wheel_check: imagegen-sample wrote no grid" >&2; exit 1; }
 echo "wheel_check: OK, wheel installed in a fresh venv and trained 3 steps in $((SECONDS - start)) s"

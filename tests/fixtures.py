@@ -1,5 +1,7 @@
-"""Small datasets written in the real on-disk formats (IDX, CIFAR-10 python batches)."""
+"""Small datasets written in the real on-disk formats (IDX, CIFAR-10 python batches), and where the
+real files of this project's machines are."""
 import gzip
+import os
 import pickle
 from pathlib import Path
 
@@ -93,3 +95,19 @@ def one_sentence(excinfo):
     msg = str(excinfo.value)
     assert "\n" not in msg and msg.endswith(".") and "Traceback" not in msg, msg
     return msg
+
+
+# The real data files of this project's machines: ../shared/data beside the checkout (in CI too).
+# Tests that read them fail rather than skip when IMAGEGEN_REQUIRE_SHARED_DATA=1 (CI sets it).
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared_data(*parts):
+    """The path of a file under ../shared/data, or a skip (a failure where the data is required)."""
+    import pytest      # here, not at the top: .ci/wheel_check.sh imports this module without pytest
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        if os.environ.get("IMAGEGEN_REQUIRE_SHARED_DATA") == "1":
+            pytest.fail(f"{path} is missing, and IMAGEGEN_REQUIRE_SHARED_DATA=1 requires the real data")
+        pytest.skip(f"the real data files are not on this machine ({path})")
+    return path

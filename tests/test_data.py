@@ -8,11 +8,10 @@ import pytest
 import torch
 
 import imagegen.data as data_module
-from fixtures import hostile_cifar_pickle, idx_bytes, one_sentence, py2_cifar_pickle, write_cifar, write_mnist
+from fixtures import shared_data, hostile_cifar_pickle, idx_bytes, one_sentence, py2_cifar_pickle, write_cifar, write_mnist
 from imagegen.data import load_split, read_cifar_batch, read_idx
 from imagegen.errors import UserError
 
-REAL_CIFAR = "/work/shared/data/cifar10/cifar-10-batches-py"
 
 
 @pytest.mark.parametrize("gz", [True, False])
@@ -131,9 +130,8 @@ def test_numpy_re_pickles_read_as_pickle_reads_them(tmp_path, protocol):
         assert np.array_equal(got, a) and got.dtype == pickle.loads(path.read_bytes())["a"].dtype
 
 
-@pytest.mark.skipif(not Path(REAL_CIFAR).exists(), reason="the shared real CIFAR-10 files are not on this machine")
 def test_real_cifar_files_pass_the_restricted_unpickler():
-    x, y = read_cifar_batch(Path(REAL_CIFAR) / "test_batch")
+    x, y = read_cifar_batch(shared_data("cifar10", "cifar-10-batches-py", "test_batch"))
     assert x.shape == (10000, 3072) and sorted(set(y.tolist())) == list(range(10))
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import imagegen.data as data
-from fixtures import one_sentence, write_cifar, write_mnist
+from fixtures import shared_data, one_sentence, write_cifar, write_mnist
 from imagegen.data import load_from_config, load_split
 from imagegen.errors import UserError
 
@@ -195,13 +195,12 @@ def test_interrupted_download_removes_its_temporary_file(server, tmp_path, monke
     assert not any(name.endswith(".part") for _, _, names in os.walk(tmp_path) for name in names)
 
 
-REAL_MNIST = Path("/work/shared/data/mnist/MNIST/raw")
 
 
-@pytest.mark.skipif(not (REAL_MNIST / "t10k-images-idx3-ubyte.gz").exists(), reason="no copy of the official files here")
 def test_official_test_files_pass_the_official_checksums(tmp_path):
     """The official MNIST test files (byte-identical copies) served locally, checked by the real md5s."""
-    s = Server({name: (REAL_MNIST / name).read_bytes() for name in ("t10k-images-idx3-ubyte.gz",
+    raw = shared_data("mnist", "MNIST", "raw")
+    s = Server({name: (raw / name).read_bytes() for name in ("t10k-images-idx3-ubyte.gz",
                                                                      "t10k-labels-idx1-ubyte.gz")})
     try:
         x, y = load_split("mnist", tmp_path, "test", download_missing=True, mirror=s.url)

@@ -48,9 +48,19 @@ def compose(config_name, overrides):
         where = str(e).strip().splitlines()[0]
         key = getattr(cause, "full_key", None)
         if "not in" in first and key:
-            raise UserError(f"unknown option {key!r}; {command_name(config_name)} --help lists the options.") from None
+            raise UserError(f"unknown option {key!r}{did_you_mean(config_name, key)}; {command_name(config_name)} "
+                            f"--help lists the options.") from None
         raise UserError(f"{where.rstrip('.')}: {first.rstrip('.')}; {command_name(config_name)} --help lists "
                         f"every option and its type.") from None
+
+
+def did_you_mean(config_name, key):
+    """' (did you mean train.max_minutes?)' for the closest option of the command's schema, or ''."""
+    import difflib
+
+    options = [k for k, _, _ in config.describe(config.SCHEMAS[config_name])]
+    close = difflib.get_close_matches(key, options, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def help_text(config_name, description, groups, examples):

@@ -59,7 +59,8 @@ def evaluate_on(cfg, device, world):
         return result
     out = checkpoint.eval_json(path, cfg["split"])
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{len(x)} {cfg['split']} images, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
+    given = "" if not model.num_classes else (", each given its label" if labels is not None else ", without labels")
+    print(f"{len(x)} {cfg['split']} images{given}, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
           f"wrote {out}")
     print(f"bits/dim: {bpd:.4f}")
     return result

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from imagegen.config import SCHEMAS, describe
+from imagegen.errors import UserError
 from imagegen.runstate import Budget, RunState
 from test_cli import TINY, one_line_error, run
 
@@ -46,3 +47,18 @@ def test_sample_writes_beside_the_checkpoint_by_default(tmp_path):
     path = tiny_checkpoint(tmp_path / "best.pt")
     proc = run("imagegen-sample", f"checkpoint={path}", "num_images=2", "progress=false")
     assert (tmp_path / "best-grid.png").exists() and f"wrote {tmp_path / 'best-grid.png'}" in proc.stdout
+
+
+@pytest.mark.parametrize("name,typo,option", [("train", "train.max_minuts", "train.max_minutes"),
+                                              ("sample", "lable", "label"), ("eval", "splt", "split")])
+def test_a_typo_gets_the_closest_option(name, typo, option):
+    from imagegen import config
+    from imagegen.cli import compose
+    config.register()                     # what each command's main() does first
+    with pytest.raises(UserError, match=f"did you mean {option}\\?"):
+        compose(name, [f"{typo}=1"])
+
+
+def test_no_suggestion_for_a_key_like_no_option():
+    from imagegen.cli import did_you_mean
+    assert did_you_mean("train", "completely.different") == ""

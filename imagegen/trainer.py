@@ -290,7 +290,9 @@ class Progress:
     def __init__(self, trainer, enabled):
         self.tr, self.enabled = trainer, enabled
         state = trainer.state
-        self.bar = tqdm(total=trainer.budget.max_steps, initial=state.step, unit="step", dynamic_ncols=True,
+        # a time budget's step count is known after the first step: no total (and no ETA) until then
+        total = None if trainer.budget.max_seconds else trainer.budget.max_steps
+        self.bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True,
                         disable=not (enabled and trainer.t["progress"]))
         self.start_step, self.start_elapsed = state.step, state.elapsed
         self.window_tokens, self.window_start, self.last_print = 0, time.perf_counter(), 0.0
@@ -298,6 +300,8 @@ class Progress:
     def step(self, loss, lr, tokens):
         tr, state = self.tr, self.tr.state
         self.window_tokens += tokens
+        rate = (state.elapsed - self.start_elapsed) / max(1, state.step - self.start_step)
+        self.bar.total = tr.budget.expected_total(state, rate)
         self.bar.update(1)
         if state.step % tr.t["log_every"]:
             return
@@ -307,8 +311,6 @@ class Progress:
         now = time.perf_counter()
         tps = self.window_tokens / (now - self.window_start)
         self.window_tokens, self.window_start = 0, now
-        rate = (state.elapsed - self.start_elapsed) / max(1, state.step - self.start_step)
-        self.bar.total = tr.budget.expected_total(state, rate)
         bpd = loss / LN2
         self.bar.set_postfix(loss=f"{loss:.4f}", bpd=f"{bpd:.4f}", tok_s=f"{tps:.0f}", min=f"{state.elapsed / 60:.1f}")
         tr.log.scalars(state.step, {"loss": loss, "bpd": bpd, "lr": lr, "tokens_per_s": tps,

@@ -100,3 +100,48 @@ def test_guidance_one_is_the_conditional_distribution_and_needs_no_second_branch
 def test_a_single_label_applies_to_every_image():
     model = tiny(head="categorical")
     assert torch.equal(generate(model, 3, labels=[2], seed=5), generate(model, 3, labels=[2, 2, 2], seed=5))
+
+
+def test_conditional_training_keeps_an_average_of_the_weights_and_samples_by_time(tmp_path, mnist_root):
+    """Through the trainer: labels reach the model, validation reports the averaged and the raw
+    weights, best.pt holds both, and train.sample_minutes writes grids without sample_every."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from imagegen import checkpoint, config
+    from imagegen.cli import compose
+    from imagegen.trainer import train
+
+    config.register()
+    run_dir = tmp_path / "run"
+    cfg = OmegaConf.to_container(compose("train", [
+        f"data.root={mnist_root}", f"run_dir={run_dir}", "model.n_layers=1", "model.d_model=16", "model.n_heads=2",
+        "model.d_ff=32", "model.num_classes=10", "train.ema=0.9", "train.max_steps=4", "train.val_every=2",
+        "train.val_images=4", "train.batch_size=4", "train.sample_every=0", "train.sample_minutes=1e-9",
+        "train.sample_images=4", "train.progress=false", "train.tensorboard=false", "train.warmup_steps=1"]),
+        resolve=True)
+    train(cfg, torch.device("cpu"))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if "val_bpd" in r]
+    assert [r["step"] for r in val] == [2, 4] and all(r["val_bpd"] != r["val_bpd_raw"] for r in val)
+    best = checkpoint.load(run_dir / "best.pt")
+    assert best["ema"].keys() == best["model"].keys() and "label.weight" in best["ema"]
+    assert not torch.equal(best["ema"]["label.weight"], best["model"]["label.weight"])
+    assert sorted(p.name for p in (run_dir / "samples").glob("*.png")) == [f"step_00000{i}.png" for i in (1, 2, 3, 4)]
+    loaded = checkpoint.model_from_checkpoint(best)                     # sampling and eval take the average
+    assert torch.equal(loaded.label.weight, best["ema"]["label.weight"])
+
+
+def test_num_classes_must_match_the_data(tmp_path, mnist_root):
+    from omegaconf import OmegaConf
+
+    from imagegen import config
+    from imagegen.cli import compose
+    from imagegen.trainer import train
+
+    config.register()
+    cfg = OmegaConf.to_container(compose("train", [f"data.root={mnist_root}", f"run_dir={tmp_path}", "model.num_classes=7"]),
+                                 resolve=True)
+    with pytest.raises(UserError, match="mnist has 10 classes; set model.num_classes=10"):
+        train(cfg, torch.device("cpu"))

@@ -1,0 +1,55 @@
+"""The model that ships in checkpoints/: it loads by name, its files are small and safe, and it still
+scores what its card and its record say on the first 500 real test digits."""
+import json
+import re
+
+import pytest
+import torch
+
+import imagegen
+from fixtures import shared_data
+from imagegen import checkpoint, shipped
+from imagegen.data import load_split
+
+NAME = "mnist-linear"
+
+
+def test_the_shipped_files_are_there_and_small():
+    for suffix in (".safetensors", ".json", ".md"):
+        path = shipped.SHIPPED / f"{NAME}{suffix}"
+        assert path.is_file(), f"{path} is missing"
+        assert path.stat().st_size <= 8 * 2 ** 20, f"{path} is over 8 MB"
+    assert NAME in shipped.names() and shipped.DEFAULT == NAME
+
+
+def test_it_loads_by_name_with_a_config_that_passes_the_checks():
+    ck = checkpoint.load(NAME)               # format tag, config schema and ranges, finite float weights
+    model = checkpoint.model_from_checkpoint(ck, NAME)
+    assert model.num_classes == 10 and ck["config"]["model"]["attention"] == "linear"
+    assert ck["config"]["model"]["attention_options"].get("impl", "auto") == "auto"
+    assert ck["record"]["n_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_its_bits_per_dim_on_500_test_digits_match_its_record_and_card():
+    x, y = load_split("mnist", shared_data("mnist"), "test")
+    model = imagegen.load(NAME)
+    bpd = model.bits_per_dim(x[:500].numpy().reshape(500, 28, 28, 1), labels=y[:500].numpy())
+    record = json.loads((shipped.SHIPPED / f"{NAME}.json").read_text())["record"]["test_check"]
+    assert record["images"] == 500 and record["labels"]
+    assert bpd == pytest.approx(record["bits_per_dim"], abs=1e-5)
+    card = (shipped.SHIPPED / f"{NAME}.md").read_text()
+    stated = re.search(r"first 500 test digits[^0-9]*([0-9]\.[0-9]{4})", card)
+    assert stated, "the card states no bits/dim on the first 500 test digits"
+    assert bpd == pytest.approx(float(stated.group(1)), abs=1e-4)
+
+
+def test_it_draws_the_class_asked_for_more_often_than_chance():
+    """A smoke check of the conditioning (the card's label-accuracy table is the real measure):
+    guided samples of two classes differ, and the same seed repeats them."""
+    model = imagegen.load(NAME)
+    ones = model.generate(labels=[1] * 4, guidance=model.guidance, seed=0)
+    zeros = model.generate(labels=[0] * 4, guidance=model.guidance, seed=0)
+    assert ones.shape == (4, 28, 28, 1)
+    assert (ones > 127).mean() < (zeros > 127).mean()      # a 1 has less ink than a 0
+    assert torch.equal(torch.from_numpy(ones), torch.from_numpy(model.generate(labels=[1] * 4,
+                                                                               guidance=model.guidance, seed=0)))

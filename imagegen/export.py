@@ -5,7 +5,7 @@ The site, servable by any static file server (python -m http.server -d DIR):
   index.html, page.js        the page: grid sampling, completion of a drawn top half, window.imagegen
   worker.js, sampler.js      the sampling loop (Web Worker) and the arithmetic of PixelTransformer.step
   model.safetensors          the state_dict in float32 (8-byte LE header length, JSON header, raw LE data)
-  config.json                architecture, image shape, head
+  config.json                architecture, image shape, head, classes (num_classes, class_names), guidance
   examples.bin               a few test images (N x D uint8) for the completion mode, when the data is there
 The safetensors file is written here (a dozen lines) rather than with the `safetensors` package: the
 format is that simple and the page reads it with as little code, so no runtime dependency is added.
@@ -42,8 +42,10 @@ def safetensors_bytes(tensors):
     return struct.pack("<Q", len(text)) + text + b"".join(blobs)
 
 
-def page_config(model, dataset):
-    """What sampler.js needs besides the weights (config.json)."""
+def page_config(model, dataset, guidance=1.0):
+    """What sampler.js needs besides the weights (config.json): the architecture, the image shape, the
+    head (head_params: P per position), the classes (num_classes 0: unconditional; the page offers a
+    class picker otherwise) and the page's default guidance; n_params counts the model's parameters."""
     attn = model.blocks[0].attn
     if attn.name != "linear":
         raise UserError(f"this checkpoint uses {attn.name} attention, but the browser sampler runs linear attention "
@@ -52,7 +54,10 @@ def page_config(model, dataset):
     return {"dataset": info.name, "height": info.height, "width": info.width, "channels": info.channels,
             "length": info.length, "n_layers": len(model.blocks), "d_model": attn.d_model, "n_heads": attn.n_heads,
             "d_ff": model.blocks[0].ff[0].weight.shape[1], "head": model.head.name,
-            "n_mixtures": getattr(model.head, "n_mixtures", None), "n_params": model.head.n_params,
+            "n_mixtures": getattr(model.head, "n_mixtures", None), "head_params": model.head.n_params,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "num_classes": model.num_classes, "class_names": list(info.class_names) if model.num_classes else [],
+            "guidance": float(guidance),
             "min_log_scale": getattr(model.head, "MIN_LOG_SCALE", None), "ln_eps": model.ln_f.eps,
             "attention_eps": EPS, "start_token": START}
 
@@ -69,11 +74,12 @@ def test_images(ck, count, overrides):
     return images[:count]
 
 
-def write_site(model, dataset, out, examples=None):
+def write_site(model, dataset, out, examples=None, guidance=1.0):
     """Write the site for `model` (a PixelTransformer with linear attention) of `dataset` into
-    folder `out`, with examples (n, D) uint8 or None; returns {file name: bytes written}."""
+    folder `out`, with examples (n, D) uint8 or None and the page's default guidance; returns
+    {file name: bytes written}."""
     out = Path(out)
-    config = page_config(model, dataset)
+    config = page_config(model, dataset, guidance)
     config["examples"] = 0 if examples is None else len(examples)
     files = {"model.safetensors": safetensors_bytes(model.state_dict()),
              "config.json": (json.dumps(config, indent=1) + "\n").encode()}
@@ -96,8 +102,12 @@ def export(cfg):
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
+    guidance = float(cfg.get("guidance", 1.0))
+    if guidance < 0:
+        raise UserError(f"guidance must be >= 0 (got {guidance}); 1 samples the plain conditional distribution.")
     page_config(model, ck["config"]["data"]["name"])          # refuse what the page cannot run before reading data
-    return write_site(model, ck["config"]["data"]["name"], cfg["out"], test_images(ck, cfg["examples"], cfg.get("data")))
+    return write_site(model, ck["config"]["data"]["name"], cfg["out"], test_images(ck, cfg["examples"], cfg.get("data")),
+                      guidance)
 
 
 def run_export(cfg, device):

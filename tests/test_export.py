@@ -22,18 +22,19 @@ from imagegen.data import dataset_info
 from imagegen.errors import UserError
 from imagegen.export import export, safetensors_bytes
 from imagegen.model import START, build_model
-from imagegen.sampling import generate
+from imagegen.likelihood import guided_probs
+from imagegen.sampling import branches, generate, guided
 
 MARGIN = 1e-5   # uniforms closer than this (as a share of the total mass) to a CDF edge are moved
 
 
-def tiny_checkpoint(path, head="mixture", dataset="mnist", attention="linear", data_root=None, seed=0):
+def tiny_checkpoint(path, head="mixture", dataset="mnist", attention="linear", data_root=None, seed=0, num_classes=0):
     """A checkpoint as imagegen-train writes it, of a tiny model with weights perturbed well away
-    from their initialisation (so the distributions are far from uniform)."""
+    from their initialisation (so the distributions are far from uniform); num_classes > 0: class-conditional."""
     torch.manual_seed(seed)
     options = {"n_buckets": 4, "chunk_size": 4} if attention == "lsh" else {}
     model_cfg = {"attention": attention, "attention_options": options, "n_layers": 2, "d_model": 32, "n_heads": 4,
-                 "d_ff": 64, "head": head, "n_mixtures": 5, "dropout": 0.0}
+                 "d_ff": 64, "head": head, "n_mixtures": 5, "dropout": 0.0, "num_classes": num_classes}
     data_cfg = {"name": dataset, "root": str(data_root or path.parent / "no-data"), "download": False,
                 "val_fraction": 0.05, "split_seed": 0}
     model = build_model(model_cfg, dataset_info(dataset))
@@ -49,10 +50,11 @@ def export_site(ck_path, out, examples=0):
     return out
 
 
-def safe_uniforms(model, u, temperature=1.0, prefix=None):
+def safe_uniforms(model, u, temperature=1.0, prefix=None, labels=None, guidance=1.0):
     """u (N, L) with each draw that falls within MARGIN of an edge of its CDF (float64 model) moved
     to the middle of the most probable value's bin, so that float32 round-off in either sampler
-    cannot flip a byte. Returns (uniforms, the bytes they draw from the float64 model, share of draws moved)."""
+    cannot flip a byte. labels (N,) long or None and guidance as in sampling.generate.
+    Returns (uniforms, the bytes they draw from the float64 model, share of draws moved)."""
     model = model.double().eval()
     N, L = u.shape
     u, moved = u.double().clone(), 0
@@ -60,13 +62,15 @@ def safe_uniforms(model, u, temperature=1.0, prefix=None):
     start = 0 if prefix is None else prefix.shape[1]
     if prefix is not None:
         x[:, :start] = prefix.long()
-    state = model.init_state(N, torch.device("cpu"), torch.float64)
+    guide = guided(model, labels, guidance)
+    state = model.init_state(2 * N if guide else N, torch.device("cpu"), torch.float64,
+                             labels=None if labels is None else branches(labels, guide))
     token = torch.full((N,), START, dtype=torch.long)
     with torch.inference_mode():
         for t in range(L):
-            params, state = model.step(token, state)
+            params, state = model.step(token.repeat(2) if guide else token, state)
             if t >= start:
-                p = model.head.probs(params).double()
+                p = guided_probs(model.head, params[:N], params[N:] if guide else None, guidance).double()
                 if temperature != 1.0:
                     p = torch.softmax(torch.log(p) / temperature, dim=-1)
                 cdf = p.cumsum(-1) / p.sum(-1, keepdim=True)
@@ -187,6 +191,122 @@ def test_completion_keeps_the_top_half(browser, serve, tmp_path):
                       dtype=torch.uint8)
     assert torch.equal(js[:, :keep], prefix)
     assert torch.equal(js, py64) and torch.equal(js, generate(model.float(), N, uniforms=u, prefix=prefix, batch_size=N))
+    assert page.evaluate("window.imagegen.progress") == [f"row {i} of 14" for i in range(1, 15)]   # sampled rows only
+
+
+@pytest.mark.parametrize("labels,guidance", [(None, 2.5), ([3, 7], 1.0), ([3, 7], 2.5), ([3, -1], 0.5)])
+def test_conditional_page_matches_python(browser, serve, tmp_path, labels, guidance):
+    """A class-conditional model: labels and classifier-free guidance draw Python's bytes
+    (labels=None, the page's "any", is the unconditional branch alone whatever the guidance)."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", head="categorical", num_classes=10, seed=4)
+    model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
+    N, L = 2, model.length
+    y = None if labels is None else torch.tensor(labels)
+    u, py64, moved = safe_uniforms(model, torch.rand(N, L, generator=torch.Generator().manual_seed(5)), labels=y,
+                                   guidance=guidance)
+    assert moved < 0.05
+    py32 = generate(model.float(), N, uniforms=u, labels=y, guidance=guidance, batch_size=N)
+    assert torch.equal(py32, py64)
+    if labels is not None:                                 # the labels change the images
+        assert not torch.equal(py32, generate(model, N, uniforms=u, batch_size=N))
+
+    page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
+    js = run_in_page(page, n=N, uniforms=u.flatten().tolist(), labels=labels, guidance=guidance)["bytes"]
+    js = torch.tensor(js, dtype=torch.uint8)
+    assert torch.equal(js, py32), f"first differing position {(js != py32).nonzero()[:1].tolist()}"
+    assert page.errors == []
+
+
+def test_conditional_completion_shares_the_prefix(browser, serve, tmp_path):
+    """One prefix for every image, two labels and guidance: the prefix is fed once per (label, branch)
+    and copied, and the completions equal Python's."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", head="categorical", num_classes=10, seed=6)
+    model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
+    N, L, keep, G = 3, model.length, 5 * 28, 2.0
+    y = torch.tensor([1, 1, 4])
+    prefix = torch.randint(0, 256, (1, keep), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)).expand(N, -1)
+    u, py64, _ = safe_uniforms(model, torch.rand(N, L, generator=torch.Generator().manual_seed(8)), prefix=prefix,
+                               labels=y, guidance=G)
+    py32 = generate(model.float(), N, uniforms=u, prefix=prefix, labels=y, guidance=G, batch_size=N)
+    assert torch.equal(py32, py64)
+    page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
+    js = run_in_page(page, n=N, uniforms=u.flatten().tolist(), prefix=prefix[0].tolist(), labels=y.tolist(), guidance=G)
+    assert torch.equal(torch.tensor(js["bytes"], dtype=torch.uint8), py32)
+    assert page.evaluate("window.imagegen.progress") == [f"row {i} of 23" for i in range(1, 24)]
+
+
+def test_page_refuses_bad_labels(browser, serve, tmp_path):
+    conditional = tiny_checkpoint(tmp_path / "c.pt", head="categorical", num_classes=10)
+    page = open_page(browser, serve(export_site(conditional, tmp_path / "c")) + "?autostart=0")
+    with pytest.raises(Exception, match=r"labels must be one class number or 2 of them, each in 0\.\.9"):
+        run_in_page(page, n=2, labels=[0, 10])
+    plain = tiny_checkpoint(tmp_path / "u.pt", head="categorical")
+    page = open_page(browser, serve(export_site(plain, tmp_path / "u")) + "?autostart=0")
+    with pytest.raises(Exception, match="this model is unconditional"):
+        run_in_page(page, n=2, labels=3)
+    assert page.locator("#classView").is_hidden()          # no class picker for an unconditional model
+
+
+def test_batched_products_equal_the_reference(browser, serve, tmp_path):
+    """sampler.js's dense (2 outputs x 4 images per block, leftovers one by one) against denseReference."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt")
+    page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
+    worst = page.evaluate("""async () => {
+      const {dense, denseReference, uniformGenerator} = await import("./sampler.js");
+      const rand = uniformGenerator(3), fill = (k) => Float32Array.from({length: k}, () => 2 * rand() - 1);
+      let worst = 0;
+      for (const [n, nIn, nOut] of [[1, 7, 5], [3, 16, 9], [4, 33, 8], [5, 64, 3], [16, 32, 96], [18, 5, 1]]) {
+        const x = fill(n * nIn), W = fill(nIn * nOut), b = fill(nOut);
+        for (const add of [false, true]) {
+          const start = fill(n * nOut), got = start.slice(), want = start.slice();
+          dense(x, n, nIn, W, b, nOut, got, add);
+          denseReference(x, n, nIn, W, b, nOut, want, add);
+          for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]) / (1 + Math.abs(want[i])));
+        }
+      }
+      return worst;
+    }""")
+    assert worst < 1e-6
+
+
+def test_page_layout_of_completions_and_mode_switch(browser, serve, tmp_path, mnist_root):
+    """16 completions in a 1,100 px window wrap into a grid (the page never scrolls sideways), report
+    only the sampled rows, and switching mode takes the grid off the page."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", data_root=mnist_root)
+    site = export_site(ck, tmp_path / "site", examples=2)
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1100, "height": 900})
+    page.goto(serve(site) + "?mode=complete&n=16&seed=2")
+    page.wait_for_function("window.imagegen && window.imagegen.status === 'done'", timeout=120_000)
+    assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    assert page.evaluate("document.getElementById('grid').getBoundingClientRect().right") <= 1100
+    assert page.evaluate("document.getElementById('grid').width") == 1 + 4 * 29   # 4 tiles per row
+    assert page.locator("#given").is_visible()
+    assert page.evaluate("window.imagegen.rows") == 14
+    assert page.evaluate("window.imagegen.progress")[0] == "row 1 of 14"
+    assert "14 rows sampled" in page.inner_text("#stats")
+
+    page.check("input[value=grid]")
+    assert page.locator("#grid").is_hidden() and page.locator("#given").is_hidden()
+    assert page.evaluate("window.imagegen.bytes") is None
+    page.click("#go")
+    page.wait_for_function("window.imagegen.status === 'done'", timeout=120_000)
+    assert page.locator("#grid").is_visible() and page.locator("#given").is_hidden()
+    assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+
+
+def test_config_json_counts_the_model_and_names_the_classes(tmp_path):
+    import json
+    for classes in (0, 10):
+        ck = tiny_checkpoint(tmp_path / f"ck{classes}.pt", num_classes=classes)
+        model = checkpoint.model_from_checkpoint(checkpoint.load(ck))
+        export({"checkpoint": str(ck), "out": str(tmp_path / f"site{classes}"), "examples": 0, "data": {"root": None},
+                "guidance": 3.0})
+        config = json.loads((tmp_path / f"site{classes}" / "config.json").read_text())
+        assert config["n_params"] == sum(p.numel() for p in model.parameters()) > 10_000
+        assert config["head_params"] == model.head.n_params == 15
+        assert config["num_classes"] == classes and config["guidance"] == 3.0
+        assert config["class_names"] == (list(dataset_info("mnist").class_names) if classes else [])
 
 
 # ---------------------------------------------------------------- the page as a visitor sees it

@@ -1,9 +1,11 @@
 // The linear transformer as an RNN in float32 typed arrays: the arithmetic of
 // imagegen.model.PixelTransformer.step (embeddings, pre-LN blocks, linear attention with
 // phi = elu + 1 and per-head state S (E x E) and z (E), exact-GELU feed-forward, ln_f, proj)
-// and the inverse-CDF draw of imagegen.likelihood.sample. N images step together, so each
-// weight row is read from memory once per step for the whole batch.
-// Shape letters: N images, D model dim, H heads, E head dim, F feed-forward dim, P head params.
+// and the inverse-CDF draw of imagegen.likelihood.sample, guided as likelihood.guided_probs for
+// class-conditional models. N images step together: the products run weights outer, batch inner,
+// four images per weight load (`dense`), so a batch shares each weight read.
+// Shape letters: N images (rows), D model dim, H heads, E head dim, F feed-forward dim, P head params,
+// C classes, T positions.
 // No DOM, no network: the worker (worker.js) and tests import it.
 
 /** Parse a safetensors file (8-byte LE header length, JSON header, raw LE tensors): {name: {shape, data}}. */
@@ -29,24 +31,62 @@ function transposed(t) {
   return w;
 }
 
-/** out (N, nOut) = x (N, nIn) @ W + b, with Wt (nOut, nIn); add=true adds to out instead. */
-function dense(x, n, nIn, Wt, b, nOut, out, add) {
-  for (let j = 0; j < nOut; j++) {
-    const row = j * nIn, bias = b[j];
-    for (let r = 0; r < n; r++) {
-      const xo = r * nIn;
-      let s0 = 0, s1 = 0, s2 = 0, s3 = 0, i = 0;
-      for (; i + 3 < nIn; i += 4) {
-        s0 += x[xo + i] * Wt[row + i];
-        s1 += x[xo + i + 1] * Wt[row + i + 1];
-        s2 += x[xo + i + 2] * Wt[row + i + 2];
-        s3 += x[xo + i + 3] * Wt[row + i + 3];
-      }
-      for (; i < nIn; i++) s0 += x[xo + i] * Wt[row + i];
-      const o = r * nOut + j;
-      out[o] = (add ? out[o] : 0) + bias + ((s0 + s1) + (s2 + s3));
+/** Reference product, one image at a time: out (N, nOut) = x (N, nIn) @ W + b with Wt (nOut, nIn);
+ * add=true adds to out instead. `dense` computes the same; tests compare the two. */
+export function denseReference(x, n, nIn, Wt, b, nOut, out, add) {
+  for (let r = 0; r < n; r++) {
+    for (let j = 0; j < nOut; j++) {
+      let s = 0;
+      for (let i = 0; i < nIn; i++) s += x[r * nIn + i] * Wt[j * nIn + i];
+      out[r * nOut + j] = (add ? out[r * nOut + j] : 0) + b[j] + s;
     }
   }
+}
+
+/** out (N, nOut) = x (N, nIn) @ W + b, with Wt (nOut, nIn); add=true adds to out instead.
+ * Weights outer, batch inner, in blocks of 2 outputs x 4 images: each weight loaded is used for
+ * four images and each input for two outputs (8 accumulators), so a batch reads the weights once
+ * per four images instead of once per image. Odd outputs and the N mod 4 images left over take
+ * `dot` (one output of one image). */
+export function dense(x, n, nIn, Wt, b, nOut, out, add) {
+  const n4 = n - (n % 4), j2 = nOut - (nOut % 2);
+  for (let j = 0; j < j2; j += 2) {
+    const wa = j * nIn, wb = wa + nIn;
+    for (let r = 0; r < n4; r += 4) {
+      const x0 = r * nIn, x1 = x0 + nIn, x2 = x1 + nIn, x3 = x2 + nIn;
+      let a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+      for (let i = 0; i < nIn; i++) {
+        const u = Wt[wa + i], v = Wt[wb + i], y0 = x[x0 + i], y1 = x[x1 + i], y2 = x[x2 + i], y3 = x[x3 + i];
+        a0 += y0 * u; a1 += y1 * u; a2 += y2 * u; a3 += y3 * u;
+        b0 += y0 * v; b1 += y1 * v; b2 += y2 * v; b3 += y3 * v;
+      }
+      const o = r * nOut + j, ba = b[j], bb = b[j + 1];
+      put(out, o, ba + a0, add); put(out, o + nOut, ba + a1, add);
+      put(out, o + 2 * nOut, ba + a2, add); put(out, o + 3 * nOut, ba + a3, add);
+      put(out, o + 1, bb + b0, add); put(out, o + 1 + nOut, bb + b1, add);
+      put(out, o + 1 + 2 * nOut, bb + b2, add); put(out, o + 1 + 3 * nOut, bb + b3, add);
+    }
+    for (let r = n4; r < n; r++) {
+      put(out, r * nOut + j, b[j] + dot(x, r * nIn, Wt, wa, nIn), add);
+      put(out, r * nOut + j + 1, b[j + 1] + dot(x, r * nIn, Wt, wb, nIn), add);
+    }
+  }
+  for (let j = j2; j < nOut; j++) for (let r = 0; r < n; r++) put(out, r * nOut + j, b[j] + dot(x, r * nIn, Wt, j * nIn, nIn), add);
+}
+
+const put = (out, o, v, add) => { out[o] = add ? out[o] + v : v; };
+
+/** sum_i x[xo + i] * w[wo + i] over i < m, four partial sums (independent additions). */
+function dot(x, xo, w, wo, m) {
+  let s0 = 0, s1 = 0, s2 = 0, s3 = 0, i = 0;
+  for (; i + 3 < m; i += 4) {
+    s0 += x[xo + i] * w[wo + i];
+    s1 += x[xo + i + 1] * w[wo + i + 1];
+    s2 += x[xo + i + 2] * w[wo + i + 2];
+    s3 += x[xo + i + 3] * w[wo + i + 3];
+  }
+  for (; i < m; i++) s0 += x[xo + i] * w[wo + i];
+  return (s0 + s1) + (s2 + s3);
 }
 
 /** y (N, D) = LayerNorm(x) with weight w, bias b (biased variance, as torch). */
@@ -81,10 +121,12 @@ export class Model {
     };
     this.config = config;
     const c = config;
-    this.D = c.d_model; this.H = c.n_heads; this.E = c.d_model / c.n_heads; this.F = c.d_ff; this.P = c.n_params;
+    this.D = c.d_model; this.H = c.n_heads; this.E = c.d_model / c.n_heads; this.F = c.d_ff; this.P = c.head_params;
     this.length = c.length; this.channels = c.channels; this.width = c.width;
+    this.C = c.num_classes || 0;                   // class-conditional: label.weight (C + 1, D), row C = no label
     this.tok = get("tok.weight").data; this.row = get("row.weight").data;
     this.col = get("col.weight").data; this.chan = get("chan.weight").data;
+    this.label = this.C ? get("label.weight").data : null;
     this.blocks = [];
     for (let l = 0; l < c.n_layers; l++) {
       const p = `blocks.${l}.`, d = (n) => get(p + n).data;
@@ -100,64 +142,109 @@ export class Model {
     this.proj = transposed(get("proj.weight")); this.projb = get("proj.bias").data;
   }
 
-  /** Decoding state for n images: per layer S (N, H, E, E) and z (N, H, E), plus scratch buffers. */
-  init(n) {
-    const {D, H, E, F, P} = this;
+  /** Decoding state for n images: per layer S (N, H, E, E) and z (N, H, E), each image's label row
+   * (0..C-1, or C = no label; labels (N) of -1 or null mean C), plus scratch buffers for `rows` rows. */
+  init(n, labels = null, rows = n) {
+    const {D, H, E, F, P, C} = this;
+    const classes = new Int32Array(n).fill(C);
+    if (labels) {
+      labels.forEach((y, r) => {
+        if (!(Number.isInteger(y) && y >= -1 && y < Math.max(C, 1)) || (y >= 0 && !C))
+          throw new Error(C ? `labels must be class numbers in 0..${C - 1} (or -1 for none), got ${y}`
+            : "this model is unconditional (trained without labels); leave the class at any");
+        classes[r] = y < 0 ? C : y;
+      });
+    }
     return {
-      n, t: 0,
+      n, t: 0, classes,
       S: this.blocks.map(() => new Float32Array(n * H * E * E)),
       z: this.blocks.map(() => new Float32Array(n * H * E)),
-      h: new Float32Array(n * D), a: new Float32Array(n * D), att: new Float32Array(n * D),
-      qkv: new Float32Array(n * 3 * D), ff: new Float32Array(n * F), params: new Float32Array(n * P),
+      h: new Float32Array(rows * D), a: new Float32Array(rows * D), att: new Float32Array(rows * D),
+      qkv: new Float32Array(rows * 3 * D), ff: new Float32Array(rows * F), params: new Float32Array(n * P),
     };
   }
 
   /** One position for all images: tokens (N) = the bytes at t-1 (256 = START at t = 0).
-   * Fills state.params (N, P) unless head = false (a given prefix needs no head); advances state.t. */
-  step(tokens, s, head = true) {
-    const {D, H, E, F, P} = this, n = s.n, t = s.t, eps = this.config.ln_eps;
-    const pixel = Math.floor(t / this.channels);
-    const rowE = Math.floor(pixel / this.width) * D, colE = (pixel % this.width) * D, chanE = (t % this.channels) * D;
+   * Fills state.params (N, P); advances state.t. */
+  step(tokens, s) {
+    this.embed(tokens, s, 1);
+    this.layers(s, 1);
+    const {D, P} = this, n = s.n;
+    layerNorm(s.h, n, D, this.lnfw, this.lnfb, this.config.ln_eps, s.a);
+    dense(s.a, n, D, this.proj, this.projb, P, s.params, false);
+    s.t++;
+  }
+
+  /** T positions at once for all images, feeding the state without drawing (a given prefix):
+   * tokens (N, T), image-major, = the bytes at t-1 .. t+T-2 (START first at t = 0). The products
+   * run over all N*T rows together; the attention's recurrence runs position by position, so
+   * the state equals T calls of `step`. Needs init(n, labels, rows >= N*T). Advances state.t by T. */
+  prefill(tokens, T, s) {
+    if (s.h.length < s.n * T * this.D) throw new Error(`prefill of ${T} positions needs init(n, labels, ${s.n * T})`);
+    this.embed(tokens, s, T);
+    this.layers(s, T);
+    s.t += T;
+  }
+
+  /** s.h (N*T, D) = tok + row + col + chan (+ the image's class vector) at positions s.t .. s.t+T-1. */
+  embed(tokens, s, T) {
+    const {D} = this, n = s.n;
     for (let r = 0; r < n; r++) {
-      const tokE = tokens[r] * D, o = r * D;
-      for (let i = 0; i < D; i++) s.h[o + i] = this.tok[tokE + i] + this.row[rowE + i] + this.col[colE + i] + this.chan[chanE + i];
+      const lab = this.label ? s.classes[r] * D : 0;
+      for (let k = 0; k < T; k++) {
+        const t = s.t + k, pixel = Math.floor(t / this.channels), o = (r * T + k) * D;
+        const rowE = Math.floor(pixel / this.width) * D, colE = (pixel % this.width) * D, chanE = (t % this.channels) * D;
+        const tokE = tokens[r * T + k] * D;
+        for (let i = 0; i < D; i++) {
+          const e = this.tok[tokE + i] + this.row[rowE + i] + this.col[colE + i] + this.chan[chanE + i];
+          s.h[o + i] = this.label ? e + this.label[lab + i] : e;
+        }
+      }
     }
-    const attEps = this.config.attention_eps;
+  }
+
+  /** The blocks over s.h (N*T rows; image r's positions s.t.. are rows r*T .. r*T+T-1). */
+  layers(s, T) {
+    const {D, H, E, F} = this, n = s.n, m = n * T, eps = this.config.ln_eps, attEps = this.config.attention_eps;
     this.blocks.forEach((b, l) => {
-      layerNorm(s.h, n, D, b.ln1w, b.ln1b, eps, s.a);
-      dense(s.a, n, D, b.qkv, b.qkvb, 3 * D, s.qkv, false);
+      layerNorm(s.h, m, D, b.ln1w, b.ln1b, eps, s.a);
+      dense(s.a, m, D, b.qkv, b.qkvb, 3 * D, s.qkv, false);
       const S = s.S[l], z = s.z[l], qkv = s.qkv, att = s.att;
       for (let r = 0; r < n; r++) {
         for (let hh = 0; hh < H; hh++) {
-          const q = r * 3 * D + hh * E, k = q + D, v = q + 2 * D;
-          const so = (r * H + hh) * E * E, zo = (r * H + hh) * E, out = r * D + hh * E;
-          for (let i = 0; i < E; i++) {            // S += phi(k) v^T, z += phi(k)
-            const pk = phi(qkv[k + i]), si = so + i * E;
-            z[zo + i] += pk;
-            for (let j = 0; j < E; j++) S[si + j] += pk * qkv[v + j];
+          const so = (r * H + hh) * E * E, zo = (r * H + hh) * E;
+          for (let k = 0; k < T; k++) {              // the recurrence, position by position
+            const row = r * T + k, q = row * 3 * D + hh * E, kk = q + D, v = q + 2 * D, out = row * D + hh * E;
+            for (let i = 0; i < E; i++) {            // S += phi(k) v^T, z += phi(k)
+              const pk = phi(qkv[kk + i]), si = so + i * E;
+              z[zo + i] += pk;
+              for (let j = 0; j < E; j++) S[si + j] += pk * qkv[v + j];
+            }
+            let den = 0;
+            for (let j = 0; j < E; j++) att[out + j] = 0;
+            for (let i = 0; i < E; i++) {            // phi(q) S and phi(q) z
+              const pq = phi(qkv[q + i]), si = so + i * E;
+              den += pq * z[zo + i];
+              for (let j = 0; j < E; j++) att[out + j] += pq * S[si + j];
+            }
+            const inv = 1 / (den + attEps);
+            for (let j = 0; j < E; j++) att[out + j] *= inv;
           }
-          let den = 0;
-          for (let j = 0; j < E; j++) att[out + j] = 0;
-          for (let i = 0; i < E; i++) {            // phi(q) S and phi(q) z
-            const pq = phi(qkv[q + i]), si = so + i * E;
-            den += pq * z[zo + i];
-            for (let j = 0; j < E; j++) att[out + j] += pq * S[si + j];
-          }
-          const inv = 1 / (den + attEps);
-          for (let j = 0; j < E; j++) att[out + j] *= inv;
         }
       }
-      dense(att, n, D, b.out, b.outb, D, s.h, true);               // h += attention
-      layerNorm(s.h, n, D, b.ln2w, b.ln2b, eps, s.a);
-      dense(s.a, n, D, b.ff1, b.ff1b, F, s.ff, false);
-      for (let i = 0; i < n * F; i++) { const x = s.ff[i]; s.ff[i] = 0.5 * x * (1 + erf(x * Math.SQRT1_2)); }
-      dense(s.ff, n, F, b.ff2, b.ff2b, D, s.h, true);              // h += feed-forward
+      dense(att, m, D, b.out, b.outb, D, s.h, true);               // h += attention
+      layerNorm(s.h, m, D, b.ln2w, b.ln2b, eps, s.a);
+      dense(s.a, m, D, b.ff1, b.ff1b, F, s.ff, false);
+      for (let i = 0; i < m * F; i++) { const x = s.ff[i]; s.ff[i] = 0.5 * x * (1 + erf(x * Math.SQRT1_2)); }
+      dense(s.ff, m, F, b.ff2, b.ff2b, D, s.h, true);              // h += feed-forward
     });
-    if (head) {
-      layerNorm(s.h, n, D, this.lnfw, this.lnfb, eps, s.a);
-      dense(s.a, n, D, this.proj, this.projb, P, s.params, false);
-    }
-    s.t++;
+  }
+
+  /** Copy image `from`'s decoding state (S, z per layer) in state `src` to image `to` in `dst`. */
+  copyState(src, from, dst, to) {
+    const {H, E} = this, sS = H * E * E, sZ = H * E;
+    src.S.forEach((S, l) => dst.S[l].set(S.subarray(from * sS, (from + 1) * sS), to * sS));
+    src.z.forEach((z, l) => dst.z[l].set(z.subarray(from * sZ, (from + 1) * sZ), to * sZ));
   }
 }
 
@@ -165,8 +252,8 @@ const EDGES = Array.from({length: 255}, (_, i) => (i + 0.5) / 127.5 - 1);   // i
 
 /** Probabilities of the 256 byte values (Float64Array) from one image's parameters (P values at
  * params[off..]): softmax of 256 logits, or the discretized logistic mixture's CDF at the inner
- * bin edges, differenced (imagegen.likelihood's `probs`); sharpened as p^(1/temperature). */
-export function probs(config, params, off, temperature) {
+ * bin edges, differenced (the head's `probs` in imagegen.likelihood). */
+export function headProbs(config, params, off) {
   const p = new Float64Array(256);
   if (config.head === "categorical") {
     let m = -Infinity, sum = 0;
@@ -190,12 +277,34 @@ export function probs(config, params, off, temperature) {
     }
     p[255] = 1 - prev;
   }
-  if (temperature !== 1) {
-    let m = -Infinity, sum = 0;
-    for (let i = 0; i < 256; i++) { p[i] = Math.log(p[i]) / temperature; m = Math.max(m, p[i]); }
-    for (let i = 0; i < 256; i++) { p[i] = Math.exp(p[i] - m); sum += p[i]; }
-    for (let i = 0; i < 256; i++) p[i] /= sum;
+  return p;
+}
+
+const TINY = 2 ** -126;   // float32's smallest normal, where likelihood.guided_probs clamps
+
+/** p (256) to draw from, as imagegen.likelihood.sample: the head's probabilities at params[off..],
+ * with classifier-free guidance (offUncond: the unconditional branch's parameters, or -1) p_c^G
+ * p_u^(1-G) normalised, then sharpened as p^(1/temperature). */
+export function probs(config, params, off, temperature, offUncond = -1, guidance = 1) {
+  let p = headProbs(config, params, off);
+  if (offUncond >= 0 && guidance !== 1) {
+    const pu = headProbs(config, params, offUncond);
+    for (let i = 0; i < 256; i++) p[i] = guidance * Math.log(Math.max(p[i], TINY)) + (1 - guidance) * Math.log(Math.max(pu[i], TINY));
+    p = softmax(p);
   }
+  if (temperature !== 1) {
+    for (let i = 0; i < 256; i++) p[i] = Math.log(p[i]) / temperature;
+    p = softmax(p);
+  }
+  return p;
+}
+
+/** softmax of 256 logits, in place. */
+function softmax(p) {
+  let m = -Infinity, sum = 0;
+  for (let i = 0; i < 256; i++) m = Math.max(m, p[i]);
+  for (let i = 0; i < 256; i++) { p[i] = Math.exp(p[i] - m); sum += p[i]; }
+  for (let i = 0; i < 256; i++) p[i] /= sum;
   return p;
 }
 

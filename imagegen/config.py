@@ -146,7 +146,8 @@ class ExportConfig:
     checkpoint: str = opt(MISSING, "path of a .pt checkpoint of a linear model written by imagegen-train")
     out: str = opt("site", "folder for index.html, the JavaScript sampler, model.safetensors and config.json")
     examples: int = opt(8, "test images included for the completion mode (0: none; skipped if the data is missing)")
-    guidance: float = opt(1.0, "class-conditional models: the page's default classifier-free guidance (1: none)")
+    guidance: Optional[float] = opt(None, "class-conditional models: the page's default classifier-free guidance (1: "
+                                          "none); null: the model's recorded default, else 1")
     device: str = opt("cpu", "where the checkpoint is read (the page itself runs in the browser)")
     threads: int = opt(0, "CPU threads for torch (0: torch's default)")
     data: DataOverride = field(default_factory=lambda: DataOverride(download=False))

@@ -102,7 +102,8 @@ def export(cfg):
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
-    guidance = float(cfg.get("guidance", 1.0))
+    guidance = cfg.get("guidance")
+    guidance = float(ck.get("record", {}).get("guidance", 1.0) if guidance is None else guidance)
     if guidance < 0:
         raise UserError(f"guidance must be >= 0 (got {guidance}); 1 samples the plain conditional distribution.")
     page_config(model, ck["config"]["data"]["name"])          # refuse what the page cannot run before reading data

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .errors import UserError
+from .memory import available_bytes
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,6 @@ def _check_root(root):
         raise UserError(f"data.root {root} is a file, not a folder; point data.root at the folder holding the data.")
 
 
-def _available_memory():
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
 # ---------------------------------------------------------------- MNIST (IDX files)
 def _read_upto(stream, n):
     """At most n bytes from stream, read in chunks (memory grows with what is there, not with n)."""
@@ -139,7 +132,7 @@ def _parse_idx(path, stream, expected_dims, item_shape, file_size):
     if file_size is not None and file_size != header + size:
         raise UserError(f"{path} is truncated or padded: its header promises shape {shape} "
                         f"({header + size} bytes) but it holds {file_size} bytes; download it again.")
-    if size > _available_memory():
+    if size > available_bytes(torch.device("cpu")):
         raise UserError(f"{path} promises shape {shape} ({size} bytes), more than the memory available; "
                         f"it is not an MNIST file, download it again.")
     raw = _read_upto(stream, size)
@@ -261,7 +254,7 @@ class _CifarUnpickler(pickle.Unpickler):
 def _unpickle(path):
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
-        if size > _available_memory() // 2:
+        if size > available_bytes(torch.device("cpu")) // 2:
             raise UserError(f"{path} holds {size} bytes, more than a CIFAR-10 batch and than the memory "
                             f"available to read it; it is not CIFAR-10.")
         try:
@@ -473,16 +466,6 @@ def load_splits(name, root, splits, val_fraction=0.05, seed=0, download_missing=
 def load_split(name, root, split, val_fraction=0.05, seed=0, download_missing=False, mirror=None):
     """Uint8 sequences (B, D) and labels (B,) of one split (see `load_splits`)."""
     return load_splits(name, root, (split,), val_fraction, seed, download_missing, mirror)[split]
-
-
-def sequence_to_image(seq, info):
-    """(B, D) uint8 -> (B, H, W, C) uint8."""
-    return seq.reshape(-1, info.height, info.width, info.channels)
-
-
-def image_to_sequence(img):
-    """(B, H, W, C) uint8 -> (B, D) uint8."""
-    return img.reshape(img.shape[0], -1)
 
 
 def load_from_config(data_cfg, splits, overrides=None, labels=False):

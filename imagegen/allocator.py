@@ -8,7 +8,7 @@ def keep_freed_memory():
     """Make glibc's malloc keep freed memory for reuse (no mmap for large blocks, no trimming).
     By default it hands every block over 32 MB (most activations of a batch of 3072-long
     sequences) back to the system when freed, so each training step faults its pages in and
-    zeroes them again; see the README for the measured effect. Meant for a process that repeats
+    zeroes them again; see docs/training.md for the measured effect. Meant for a process that repeats
     one pattern of allocations (training steps): with ever new sizes the heap can only grow.
     IMAGEGEN_KEEP_FREED_MEMORY=0 leaves malloc as it is. True when the setting was made."""
     if os.environ.get("IMAGEGEN_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):

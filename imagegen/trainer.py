@@ -168,12 +168,15 @@ class Trainer:
             avg.lerp_(w, 1 - d) if avg.is_floating_point() else avg.copy_(w)
 
     def labels(self, idx):
-        """The batch's labels (N,) for a class-conditional model, each dropped (-1) with probability
-        train.label_dropout (seeded by the step, like dropout); None for an unconditional one."""
+        """This rank's labels (N,) for a class-conditional model, each dropped (-1) with probability
+        train.label_dropout; None for an unconditional one. Which images of the global batch lose
+        their label depends on (seed, step) only, so any number of processes drops the same ones."""
         if not self.model.num_classes:
             return None
-        y = self.y_train[idx]
-        return torch.where(torch.rand(len(y)) < self.t["label_dropout"], -1, y).to(self.device)
+        g = torch.Generator().manual_seed(step_seed(self.cfg["seed"], self.state.step, 0))
+        start, stop = self.world.shard(self.t["batch_size"])
+        drop = (torch.rand(self.t["batch_size"], generator=g) < self.t["label_dropout"])[start:stop]
+        return torch.where(drop, -1, self.y_train[idx]).to(self.device)
 
     def validate(self):
         labels = self.y_val if self.model.num_classes else None

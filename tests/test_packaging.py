@@ -28,7 +28,7 @@ def test_every_subpackage_and_data_folder_is_listed():
     code = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "imagegen").rglob("__init__.py")}
     data = {".".join(("imagegen", *d.relative_to(ROOT).parts)) for top in ("conf", "csrc")
             for d in [ROOT / top, *(ROOT / top).rglob("*")] if d.is_dir() and d.name != "__pycache__"}
-    assert set(SETUPTOOLS["packages"]) == code | data
+    assert set(SETUPTOOLS["packages"]) == code | data | {"imagegen.checkpoints"}   # shipped models: its top level only
 
 
 def test_every_config_and_source_file_is_package_data():
@@ -37,7 +37,8 @@ def test_every_config_and_source_file_is_package_data():
         folder = source_dir(package)
         shipped |= {f for f in folder.iterdir() if f.is_file() and any(fnmatch.fnmatch(f.name, g) for g in globs)}
     files = {f for top in ("conf", "csrc") for f in (ROOT / top).rglob("*") if f.is_file() and "__pycache__" not in f.parts}
-    assert files == shipped, sorted(map(str, files ^ shipped))
+    models = {f for f in (ROOT / "checkpoints").iterdir() if f.is_file() and f.name != ".gitkeep"}   # runs are folders
+    assert files | models == shipped, sorted(map(str, (files | models) ^ shipped))
 
 
 def test_source_tree_run_finds_the_repository_folders():

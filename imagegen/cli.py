@@ -12,8 +12,11 @@ CONF_DIR = data_dir("conf")  # shipped inside the package by a wheel, else the s
 GROUPS = ("model", "data", "preset")      # config groups; a command takes those it names
 
 
+COMMANDS = {"prepare": "imagegen-data prepare"}     # configs whose command is not imagegen-<config>
+
+
 def command_name(config_name):
-    return f"imagegen-{config_name}"
+    return COMMANDS.get(config_name, f"imagegen-{config_name}")
 
 
 def check_choices(argv, groups, config_name):

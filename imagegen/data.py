@@ -68,8 +68,16 @@ _CHUNK = 1 << 20
 
 
 def dataset_info(name):
+    """DatasetInfo of a dataset name (mnist, cifar10) or of a data config section (a dict): a folder's
+    size and channels come from its config, its class names from the config or the folder's cache."""
+    if isinstance(name, dict):
+        if name.get("name") == "folder":
+            from .source import folder_info
+            return folder_info(name)
+        name = name.get("name")
     if name not in DATASETS:
-        raise UserError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)} (data=mnist or data=cifar10).")
+        raise UserError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['folder']} (data=mnist, "
+                        f"data=cifar10, or data=folder data.root=DIR for a folder of images).")
     return DATASETS[name]
 
 
@@ -488,8 +496,12 @@ def image_to_sequence(img):
 def load_from_config(data_cfg, splits, overrides=None, labels=False):
     """[sequences (B, D) of each split in splits] as described by a `data` config section
     (dict); non-null `overrides` (e.g. a new root) replace its values. labels=True: [(sequences,
-    labels (B,) long)] instead."""
+    labels (B,) long)] instead. A folder's sequences are source.ImageRows over its memory-mapped
+    cache (indexing one gives a uint8 tensor), the standard sets' uint8 tensors."""
     d = {**data_cfg, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    if d["name"] == "folder":                # images read from a memory-mapped cache (imagegen/source.py)
+        from .source import load
+        return load(d, splits, labels)
     loaded = load_splits(d["name"], d["root"], splits, d["val_fraction"], d["split_seed"], d["download"],
                          d.get("mirror"))
     return [loaded[split] if labels else loaded[split][0] for split in splits]

@@ -93,3 +93,40 @@ def one_sentence(excinfo):
     msg = str(excinfo.value)
     assert "\n" not in msg and msg.endswith(".") and "Traceback" not in msg, msg
     return msg
+
+
+# ---------------------------------------------------------------- image folders (data=folder)
+def solid(mode, size, value):
+    """A PIL image of one colour in any mode (16-bit modes take 0..65535)."""
+    from PIL import Image
+    return Image.new(mode, size, value)
+
+
+def write_png_header(path, width, height):
+    """A PNG whose header promises width x height grey pixels and holds almost none: a decompression
+    bomb that Pillow must refuse before decoding."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    Path(path).write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                           + chunk(b"IEND", b""))
+
+
+def write_class_folder(root, classes=("cat", "dog"), per_class=3, size=(12, 10), seed=0, suffix=".png"):
+    """root/<class>/<i><suffix>: each class a different brightness (class k: 40 + 80 k), so labels can be
+    read back from the pixels."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    paths = []
+    for k, name in enumerate(classes):
+        (Path(root) / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            a = np.full((size[1], size[0], 3), 40 + 80 * k, np.uint8) + rng.integers(0, 3, (size[1], size[0], 3),
+                                                                                        dtype=np.uint8)
+            path = Path(root) / name / f"{i}{suffix}"
+            Image.fromarray(a).save(path)
+            paths.append(path)
+    return paths

@@ -58,7 +58,7 @@ def test_prepare_train_eval_complete_on_a_folder(tmp_path):
 
 
 def test_prepare_errors_are_one_sentence(tmp_path):
-    for args, pattern in ((["prepare", "data.image_size=8"], "needs the folder: data.root=DIR"),
+    for args, pattern in ((["prepare", "data.image_size=8"], "images does not exist; point data.root at a folder of images"),
                           (["prepare", f"data.root={tmp_path}", "data.channels=2"], "data.channels must be 1"),
                           (["bake"], "needs a verb")):
         proc = run("imagegen-data", *args, check=False)

@@ -248,8 +248,8 @@ def _fsync_dir(path):
 
 
 def ensure(root, cache_dir, settings, workers=0, progress=True, say=print, check_only=False):
-    """The Cache of folder `root` in cache_dir, converted first when missing or out of date (one line
-    says why). check_only: never build; returns (Cache or None, why it is out of date or None)."""
+    """(Cache of folder `root` in cache_dir, why it was out of date or None): converted first when
+    missing or out of date (one line says why). check_only: never build (Cache None when out of date)."""
     root, cache_dir = Path(root), Path(cache_dir)
     scan = folder.scan(root)
     manifest = read_manifest(cache_dir)
@@ -275,11 +275,11 @@ def ensure(root, cache_dir, settings, workers=0, progress=True, say=print, check
         if manifest and what_changed(manifest, settings, scan) is None:
             cache = _open(cache_dir, manifest, settings)
             if cache is not None:
-                return cache, None
+                return cache, why
         if why != "no cache yet":
             say(f"rebuilding the cache {cache_dir}: {why}")
         if scan.outside:
             say(f"{len(scan.outside)} images lie beside the class folders of {root}, in none (e.g. "
                 f"{scan.outside[0]}); they are left out")
         manifest = build(root, cache_dir, settings, scan, workers, progress, say)
-        return _open(cache_dir, manifest, settings), None
+        return _open(cache_dir, manifest, settings), why

@@ -1,13 +1,15 @@
 """imagegen-data prepare: build (or check) a dataset's cache, say what it holds, and draw real images
-exactly as the model will see them (Hydra app; see conf/prepare.yaml)."""
+exactly as the model will see them (Hydra app; see conf/prepare.yaml).
+
+For a folder whose cache is up to date and whose grid is already drawn it never imports torch, so
+that checking a cache takes about as long as listing the folder."""
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from . import source
+from . import imagecache, source
 from .cli import hydra_entry
-from .data import dataset_info, load_from_config
 from .errors import UserError
 
 VERBS = ("prepare",)
@@ -24,7 +26,8 @@ def class_table(names, labels_by_split):
 
 
 def folder_report(d, cfg):
-    """Build or check the folder's cache; returns (lines, training rows as an (N, D) array-like)."""
+    """Build or check the folder's cache; returns (lines, training rows (None: the cache's grid is already
+    drawn and no other was asked for), image shape, default grid path)."""
     cache, why = source.open_cache(d, progress=cfg["progress"], check_only=cfg["check"])
     where = source.cache_dir(d)
     if cfg["check"] and cache is None:
@@ -52,11 +55,15 @@ def folder_report(d, cfg):
         lines.append(f"skipped: {m['skipped']:,} unreadable files (listed in {where / 'skipped.txt'})")
     if m.get("outside"):
         lines.append(f"left out: {len(m['outside']):,} images beside the class folders, in none")
-    return lines, source.ImageRows(cache.images, rows["train"]), where / "grid.png"
+    grid = where / "grid.png"
+    fresh = why is None and grid.exists() and grid.stat().st_mtime >= (where / imagecache.MANIFEST).stat().st_mtime
+    train = None if fresh and not cfg["grid"] else source.ImageRows(cache.images, rows["train"])
+    return lines, train, (s.height, s.width, s.channels), grid
 
 
 def standard_report(d):
-    """Load a standard set's splits; returns (lines, training rows)."""
+    """Load a standard set's splits; returns (lines, training rows, image shape, default grid path)."""
+    from .data import dataset_info, load_from_config
     info = dataset_info(d)
     loaded = dict(zip(("train", "val", "test"), load_from_config(d, ("train", "val", "test"), labels=True)))
     lines = [f"{info.name} in {d['root']}: {sum(len(x) for x, _ in loaded.values()):,} images of "
@@ -65,34 +72,37 @@ def standard_report(d):
              "splits: " + ", ".join(f"{k} {len(x):,}" for k, (x, _) in loaded.items())]
     lines += [f"{info.num_classes} classes:"] + class_table(info.class_names, {k: y.numpy() for k, (_, y) in
                                                                               loaded.items()})
-    return lines, loaded["train"][0], Path(f"{info.name}-grid.png")
+    return lines, loaded["train"][0], (info.height, info.width, info.channels), Path(f"{info.name}-grid.png")
 
 
 def prepare(cfg, device):
-    from .sampling import grid
     d = cfg["data"]
     if cfg["grid_images"] < 0 or cfg["nrow"] < 1 or cfg["scale"] < 1:
         raise UserError("grid_images must be >= 0, nrow and scale >= 1.")
     if d["name"] == "folder":
-        lines, train, default_grid = folder_report(d, cfg)
+        lines, train, shape, default_grid = folder_report(d, cfg)
     elif cfg["check"]:
         raise UserError(f"check=true applies to data=folder, whose cache is built; {d['name']} is read from its "
                         f"official files each run.")
     else:
-        lines, train, default_grid = standard_report(d)
+        lines, train, shape, default_grid = standard_report(d)
     print("\n".join(lines))
-    if cfg["grid_images"] and not cfg["check"]:
-        info = dataset_info(d)
-        n = min(cfg["grid_images"], len(train))
-        pick = np.sort(np.random.default_rng(0).choice(len(train), n, replace=False))
-        images = train[pick].numpy().reshape(n, info.height, info.width, info.channels)
-        out = Path(cfg["grid"]) if cfg["grid"] else default_grid
-        out.parent.mkdir(parents=True, exist_ok=True)
-        grid(images, nrow=cfg["nrow"], scale=cfg["scale"]).save(out)
-        print(f"wrote {out} ({n} training images as the model sees them)")
+    if cfg["check"] or not cfg["grid_images"]:
+        return
+    if train is None:
+        print(f"grid of training images as the model sees them: {default_grid}")
+        return
+    from .sampling import grid
+    n = min(cfg["grid_images"], len(train))
+    pick = np.sort(np.random.default_rng(0).choice(len(train), n, replace=False))
+    images = train[pick].numpy().reshape(n, *shape)
+    out = Path(cfg["grid"]) if cfg["grid"] else default_grid
+    out.parent.mkdir(parents=True, exist_ok=True)
+    grid(images, nrow=cfg["nrow"], scale=cfg["scale"]).save(out)
+    print(f"wrote {out} ({n} training images as the model sees them)")
 
 
-_main = hydra_entry("prepare", prepare, groups=("data",),
+_main = hydra_entry("prepare", prepare, groups=("data",), uses_device=False,
                     description="build or check a dataset's cache (data=folder: convert the folder once), print "
                                 "its counts, size, class table and skipped files, and draw real images as the "
                                 "model sees them.",

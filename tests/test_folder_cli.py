@@ -135,6 +135,6 @@ def test_training_memory_stays_flat_as_the_cache_grows_10x(tmp_path, monkeypatch
         assert out.returncode == 0, out.stderr
         peaks[n] = int(out.stdout.split()[-1]) * 1024
     grown = peaks[15000] - peaks[1500]
-    print(f"peak RSS {peaks[1500] / 2**20:.0f} MiB -> {peaks[15000] / 2**20:.0f} MiB as the cache grew "
-          f"{15000 * 12288 / 2**20:.0f} - {1500 * 12288 / 2**20:.0f} MiB")
+    print(f"peak RSS {peaks[1500] / 2**20:.0f} MiB -> {peaks[15000] / 2**20:.0f} MiB as the cache grew from "
+          f"{1500 * 12288 / 2**20:.0f} to {15000 * 12288 / 2**20:.0f} MiB")
     assert grown < 40 * 2**20, peaks

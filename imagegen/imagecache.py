@@ -14,6 +14,7 @@ or none, never half of one. Builders take an flock on the folder; a second one w
 the cache built. The cache is reused while the folder's files (paths, sizes, mtimes), the settings
 and the conversion code are as the manifest says; otherwise it is rebuilt, with one line saying why.
 """
+import io
 import json
 import multiprocessing
 import os
@@ -164,66 +165,93 @@ def _convert_all(jobs, workers, progress):
             pool.join()
 
 
+class RowFile:
+    """uint8 rows of D sub-pixels appended to a temporary .npy by pwrite (no map, so memory stays
+    flat), its header written once the count is known; `finish` renames it to its final name."""
+
+    def __init__(self, cache_dir, name, length):
+        self.path, self.tmp, self.length, self.rows = cache_dir / name, cache_dir / f".{name}.tmp", length, 0
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.pwrite(self.fd, _npy_header((0, length), np.uint8), 0)
+
+    def append(self, rows):
+        """rows: bytes of whole rows, or a uint8 array (B, D)."""
+        data = rows if isinstance(rows, bytes) else np.ascontiguousarray(rows, np.uint8).tobytes()
+        os.pwrite(self.fd, data, HEADER_BYTES + self.rows * self.length)
+        self.rows += len(data) // self.length
+
+    def finish(self):
+        os.pwrite(self.fd, _npy_header((self.rows, self.length), np.uint8), 0)
+        os.ftruncate(self.fd, HEADER_BYTES + self.rows * self.length)
+        os.fsync(self.fd)
+        os.close(self.fd)
+        os.replace(self.tmp, self.path)
+
+    def discard(self):
+        os.close(self.fd)
+        self.tmp.unlink(missing_ok=True)
+
+
+def commit(cache_dir, names, labels, splits, manifest):
+    """Write meta-<id>.npy (labels, split codes) and then manifest.json, each by temp + rename, and
+    remove earlier builds' files; images-<id>.npy is already in place."""
+    meta = np.stack([np.asarray(labels, np.int64), np.asarray(splits, np.int64)], axis=1).reshape(-1, 2)
+    buf = io.BytesIO()
+    np.save(buf, meta)
+    _atomic_write(cache_dir / names["meta"], buf.getvalue())
+    _atomic_write(cache_dir / MANIFEST, json.dumps({"format": 1, **names, **manifest}).encode())
+    _fsync_dir(cache_dir)
+    for old in cache_dir.glob("*-*.npy"):                   # earlier builds' files (open maps keep theirs)
+        if old.name not in names.values():
+            old.unlink(missing_ok=True)
+
+
+def new_names():
+    token = secrets.token_hex(4)
+    return {"images": f"images-{token}.npy", "meta": f"meta-{token}.npy"}
+
+
 def build(root, cache_dir, settings, scan, workers=0, progress=True, say=print):
     """Convert every candidate of `scan` into a new cache in cache_dir (the caller holds its lock)."""
     root, cache_dir = Path(root), Path(cache_dir)
     workers = workers or default_workers()
-    token = secrets.token_hex(4)
-    names = {"images": f"images-{token}.npy", "meta": f"meta-{token}.npy"}
-    tmp = cache_dir / f".{names['images']}.tmp"
+    names = new_names()
     start = time.perf_counter()
-    D, entries = settings.length, scan.entries
+    entries = scan.entries
     class_index = {c: i for i, c in enumerate(scan.class_names)}
     kept, skipped = [], []
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = RowFile(cache_dir, names["images"], settings.length)
     try:
-        os.pwrite(fd, _npy_header((len(entries), D), np.uint8), 0)
         for entry, (row, why) in zip(entries, _convert_all(_jobs(root, entries, settings), workers, progress)):
             if row is None:
                 skipped.append((entry.path, why))
-                continue
-            os.pwrite(fd, row, HEADER_BYTES + len(kept) * D)        # no mapping: memory stays flat
-            kept.append(entry)
-        os.pwrite(fd, _npy_header((len(kept), D), np.uint8), 0)
-        os.ftruncate(fd, HEADER_BYTES + len(kept) * D)
-        os.fsync(fd)
+            else:
+                out.append(row)
+                kept.append(entry)
     except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
+        out.discard()
         raise
-    os.close(fd)
     seconds = time.perf_counter() - start
+    _write_skipped(cache_dir, skipped)
     if not kept:
-        tmp.unlink()
-        _write_skipped(cache_dir, skipped)
+        out.discard()
         if not entries:
             raise UserError(f"no image files under {root} (Pillow reads {', '.join(sorted(folder.image_suffixes())[:8])}"
                             f", ...); point data.root at a folder of images.")
         raise UserError(f"none of the {len(entries)} image files under {root} could be read (each is listed with its "
                         f"reason in {cache_dir / 'skipped.txt'}); point data.root at a folder of readable images.")
-    os.replace(tmp, cache_dir / names["images"])
-    meta = np.array([[class_index.get(e.cls, -1), SPLIT_CODE[e.split]] for e in kept], np.int64).reshape(-1, 2)
-    meta_tmp = cache_dir / f".{names['meta']}.tmp"
-    with open(meta_tmp, "wb") as f:
-        np.save(f, meta)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(meta_tmp, cache_dir / names["meta"])
-    _write_skipped(cache_dir, skipped)
-    manifest = {"format": 1, "root": str(root), "settings": vars(settings), "versions": _versions(), **names,
-                "rows": len(kept), "class_names": list(scan.class_names), "outside": list(scan.outside),
-                "skipped": len(skipped), "seconds": round(seconds, 3), "workers": workers,
+    out.finish()
+    manifest = {"root": str(root), "settings": vars(settings), "versions": _versions(), "rows": len(kept),
+                "class_names": list(scan.class_names), "outside": list(scan.outside), "skipped": len(skipped),
+                "seconds": round(seconds, 3), "workers": workers,
                 "files": [[e.path, e.size, e.mtime_ns] for e in entries]}
-    _atomic_write(cache_dir / MANIFEST, json.dumps(manifest).encode())
-    _fsync_dir(cache_dir)
-    for old in cache_dir.glob("*-*.npy"):                   # earlier builds' files (open maps keep theirs)
-        if old.name not in names.values():
-            old.unlink(missing_ok=True)
+    commit(cache_dir, names, [class_index.get(e.cls, -1) for e in kept], [SPLIT_CODE[e.split] for e in kept],
+           manifest)
     say(f"converted {len(kept)} images from {root} in {seconds:.1f} s ({len(entries) / max(seconds, 1e-9):.0f} "
         f"files/s, {workers} worker{'s' * (workers > 1)}) into {cache_dir}"
         + (f"; {len(skipped)} unreadable file{'s' * (len(skipped) > 1)} skipped (listed in "
            f"{cache_dir / 'skipped.txt'})" if skipped else ""))
-    return manifest
+    return {"format": 1, **names, **manifest}
 
 
 def _write_skipped(cache_dir, skipped):
@@ -247,11 +275,14 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def ensure(root, cache_dir, settings, workers=0, progress=True, say=print, check_only=False):
+def ensure(root, cache_dir, settings, workers=0, progress=True, say=print, check_only=False, scan_fn=None,
+           build_fn=None):
     """(Cache of folder `root` in cache_dir, why it was out of date or None): converted first when
-    missing or out of date (one line says why). check_only: never build (Cache None when out of date)."""
+    missing or out of date (one line says why). check_only: never build (Cache None when out of date).
+    scan_fn(root) -> folder.Scan and build_fn (as `build`) replace the image folder's for other sources
+    (imagegen/imagenet.py)."""
     root, cache_dir = Path(root), Path(cache_dir)
-    scan = folder.scan(root)
+    scan = (scan_fn or folder.scan)(root)
     manifest = read_manifest(cache_dir)
     why = what_changed(manifest, settings, scan) if manifest else "no cache yet"
     cache = _open(cache_dir, manifest, settings) if manifest and why is None else None
@@ -281,5 +312,5 @@ def ensure(root, cache_dir, settings, workers=0, progress=True, say=print, check
         if scan.outside:
             say(f"{len(scan.outside)} images lie beside the class folders of {root}, in none (e.g. "
                 f"{scan.outside[0]}); they are left out")
-        manifest = build(root, cache_dir, settings, scan, workers, progress, say)
+        manifest = (build_fn or build)(root, cache_dir, settings, scan, workers, progress, say)
         return _open(cache_dir, manifest, settings), why

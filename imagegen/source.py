@@ -1,4 +1,5 @@
-"""A folder of images as a dataset: its DatasetInfo, its splits, rows read from the memory-mapped cache.
+"""A folder of images (or the downsampled ImageNet) as a dataset: its DatasetInfo, its splits, rows
+read from the memory-mapped cache.
 
 `data=folder` config keys (conf/data/folder.yaml): root, image_size (or height and width),
 channels (1 or 3), fit (crop or pad), background, cache, workers, val_fraction, test_fraction,
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import imagecache
+from . import imagecache, imagenet
 from .errors import UserError
 
 
@@ -104,12 +105,15 @@ def cache_dir(d):
 
 
 def open_cache(d, progress=True, say=print, check_only=False):
-    """(imagecache.Cache or None, why out of date or None) of a folder data config; see imagecache.ensure."""
+    """(imagecache.Cache or None, why out of date or None) of a folder (or downsampled ImageNet) data
+    config; see imagecache.ensure."""
     if not d.get("root") or str(d["root"]).endswith("???"):
-        raise UserError("data=folder needs the folder: data.root=DIR (a folder of images, class folders inside "
-                        "for labels).")
-    return imagecache.ensure(Path(d["root"]).expanduser(), cache_dir(d), settings(d), d.get("workers", 0) or 0,
-                             progress, say, check_only)
+        raise UserError(f"data={d['name']} needs the folder: data.root=DIR.")
+    root, workers = Path(d["root"]).expanduser(), d.get("workers", 0) or 0
+    if d["name"] in imagenet.SIZES:
+        return imagecache.ensure(root, cache_dir(d), imagenet.settings(d["name"]), workers, progress, say, check_only,
+                                 scan_fn=imagenet.scan, build_fn=imagenet.build)
+    return imagecache.ensure(root, cache_dir(d), settings(d), workers, progress, say, check_only)
 
 
 def folder_info(d):
@@ -153,6 +157,9 @@ def load(d, splits, labels=False, progress=True, say=print):
         if split not in ("train", "val", "test"):
             raise UserError(f"unknown split {split!r}; choose train, val or test.")
     test_fraction = d.get("test_fraction", 0.1)
+    if d["name"] in imagenet.SIZES and d.get("download"):
+        raise UserError(f"{d['name']} cannot be downloaded here (it needs a registration): "
+                        f"{imagenet.WHERE.format(root=d['root'])}, and pass data.download=false.")
     if not 0 <= test_fraction < 1:
         raise UserError(f"data.test_fraction must be at least 0 and below 1, got {test_fraction}.")
     cache, _ = open_cache(d, progress=progress, say=say)

@@ -130,3 +130,18 @@ def write_class_folder(root, classes=("cat", "dog"), per_class=3, size=(12, 10),
             Image.fromarray(a).save(path)
             paths.append(path)
     return paths
+
+
+def write_imagenet(root, size=8, batches=(5, 3), n_val=4, seed=0, subfolder="Imagenet_train_npz"):
+    """Downsampled-ImageNet npz files (data: N x 3*S*S channel-planar uint8, labels 1..1000 as a list,
+    as the official files hold them) under root: train batches in a subfolder, val_data.npz at the top."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    (Path(root) / subfolder).mkdir(parents=True, exist_ok=True)
+    names = [f"{subfolder}/train_data_batch_{i + 1}.npz" for i in range(len(batches))] + ["val_data.npz"]
+    for name, n in zip(names, list(batches) + [n_val]):
+        data = rng.integers(0, 256, (n, 3 * size * size), dtype=np.uint8)
+        labels = rng.integers(1, 1001, n).tolist()
+        np.savez(Path(root) / name, data=data, labels=labels, mean=np.zeros(3 * size * size))
+        out[name] = (data, labels)
+    return out

@@ -138,3 +138,19 @@ def test_training_memory_stays_flat_as_the_cache_grows_10x(tmp_path, monkeypatch
     print(f"peak RSS {peaks[1500] / 2**20:.0f} MiB -> {peaks[15000] / 2**20:.0f} MiB as the cache grew from "
           f"{1500 * 12288 / 2**20:.0f} to {15000 * 12288 / 2**20:.0f} MiB")
     assert grown < 40 * 2**20, peaks
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_on_a_folder_equal_one(tmp_path):
+    """Two ranks start on a folder with no cache: one converts it while the other waits on the lock,
+    and the 2-process run equals the 1-process run that follows (which reuses the cache)."""
+    from test_distributed import TRAIN, assert_close_runs, torchrun
+    root = tmp_path / "pics"
+    write_class_folder(root, classes=("a", "b", "c"), per_class=8, size=(9, 9))
+    data = ["data=folder", f"data.root={root}", "data.image_size=6", "data.channels=1", "model.num_classes=3"]
+    two, one = tmp_path / "two", tmp_path / "one"
+    proc = torchrun("imagegen.train", *TRAIN, *data, f"run_dir={two}")
+    assert (proc.stdout + proc.stderr).count("converted 24 images") == 1, proc.stdout + proc.stderr
+    proc = run("imagegen-train", *TRAIN, *data, f"run_dir={one}")
+    assert "converted" not in proc.stdout + proc.stderr
+    assert_close_runs(one, two)

@@ -103,6 +103,8 @@ def scan(root):
     entries, outside, labelled = [], [], {}
     for split in splits:
         base = os.path.join(root, split) if split else root
+        st = os.stat(base)
+        seen.add((st.st_dev, st.st_ino))
         files = list(_files(base, split or "", suffixes, seen))
         depth = 1 if split else 0                          # where the class folder sits in the path
         in_class = [f for f in files if f[0].count("/") > depth]

@@ -35,7 +35,7 @@ class Model:
 
     def __init__(self, module, ck):
         self.module, self.config = module, ck["config"]
-        self.info = dataset_info(self.config["data"]["name"])
+        self.info = dataset_info(self.config["data"])
         self.guidance = ck.get("record", {}).get("guidance", 1.0)
 
     @property

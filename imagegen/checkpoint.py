@@ -100,7 +100,7 @@ def check_config(ck, path):
         raise damaged(path, f"its model config does not fit ({str(e).splitlines()[0]})") from None
     try:
         check_model(model)
-        dataset_info(cfg["data"]["name"])
+        dataset_info(cfg["data"])
     except UserError as e:
         raise damaged(path, str(e).rstrip(".")) from None
     cfg["model"] = model
@@ -132,7 +132,7 @@ def model_from_checkpoint(ck, path="checkpoint"):
     """Rebuild the model recorded in a loaded checkpoint and load its weights: the average of the
     weights (train.ema) when the checkpoint holds one, else the trained weights."""
     cfg = ck["config"]
-    model = build_model(cfg["model"], dataset_info(cfg["data"]["name"]))
+    model = build_model(cfg["model"], dataset_info(cfg["data"]))
     try:
         model.load_state_dict(ck.get("ema", ck["model"]))
     except RuntimeError as e:

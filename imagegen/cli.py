@@ -2,8 +2,6 @@
 import sys
 from pathlib import Path
 
-import torch
-
 from . import config
 from .errors import UserError
 from .paths import data_dir
@@ -12,8 +10,11 @@ CONF_DIR = data_dir("conf")  # shipped inside the package by a wheel, else the s
 GROUPS = ("model", "data", "preset")      # config groups; a command takes those it names
 
 
+COMMANDS = {"prepare": "imagegen-data prepare"}     # configs whose command is not imagegen-<config>
+
+
 def command_name(config_name):
-    return f"imagegen-{config_name}"
+    return COMMANDS.get(config_name, f"imagegen-{config_name}")
 
 
 def check_choices(argv, groups, config_name):
@@ -89,9 +90,10 @@ def help_text(config_name, description, groups, examples):
     return "\n".join(lines)
 
 
-def hydra_entry(config_name, task, groups=(), description="", examples=()):
+def hydra_entry(config_name, task, groups=(), description="", examples=(), uses_device=True):
     """A console-script main() running `task(cfg, device)` under Hydra, cfg a plain dict with
-    `device` and `threads` keys; overrides are type-checked first and UserErrors print as one line."""
+    `device` and `threads` keys; overrides are type-checked first and UserErrors print as one line.
+    uses_device=False: task(cfg, None), and torch is not imported for it (imagegen-data starts fast)."""
     import hydra
     from omegaconf import OmegaConf
 
@@ -117,7 +119,7 @@ def hydra_entry(config_name, task, groups=(), description="", examples=()):
                     raise UserError(f"{command_name(config_name)} needs {', '.join(f'{k}=...' for k in missing)}; "
                                     f"see {command_name(config_name)} --help.")
                 plain = OmegaConf.to_container(cfg, resolve=True)
-                task(plain, resolve_device(plain["device"], plain["threads"]))
+                task(plain, resolve_device(plain["device"], plain["threads"]) if uses_device else None)
             except UserError as e:
                 sys.exit(f"error: {e}")
             except KeyboardInterrupt:
@@ -131,6 +133,7 @@ def hydra_entry(config_name, task, groups=(), description="", examples=()):
 
 
 def resolve_device(name="auto", threads=0):
+    import torch
     if threads < 0:
         raise UserError(f"threads must be >= 0 (0: torch's default), got {threads}.")
     if threads:

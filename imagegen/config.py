@@ -36,13 +36,27 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: str = opt("mnist", "dataset: mnist or cifar10")
-    root: str = opt("data/mnist", "folder holding MNIST/raw or cifar-10-batches-py (made absolute when a run starts)")
+    name: str = opt("mnist", "dataset: mnist, cifar10 or folder")
+    root: str = opt("data/mnist", "folder holding MNIST/raw or cifar-10-batches-py, or the folder of images "
+                                  "(data=folder); made absolute when a run starts")
     download: bool = opt(True, "fetch the official files (md5-checked) when they are missing; false: never download")
     mirror: Optional[str] = opt(None, "base URL holding the official files under their names (null: "
                                       "$IMAGEGEN_DATA_MIRROR, else the official URLs)")
     val_fraction: float = opt(0.05, "seeded share of the training files held out for validation (0 to 1)")
     split_seed: int = opt(0, "seed of the train/validation split")
+    # data=folder (imagegen/source.py, docs/data.md)
+    image_size: Optional[int] = opt(None, "folder: side S of the square images the folder's images become (or give "
+                                          "height and width)")
+    height: Optional[int] = opt(None, "folder: image height in pixels (with width; instead of image_size)")
+    width: Optional[int] = opt(None, "folder: image width in pixels (with height; instead of image_size)")
+    channels: Optional[int] = opt(None, "folder: 1 (grey) or 3 (colour)")
+    fit: str = opt("crop", "folder: crop (resize the shorter side, cut the centre) or pad (resize the longer side, "
+                           "pad with the background)")
+    background: int = opt(255, "folder: grey level 0..255 under transparent pixels and in the padding")
+    test_fraction: float = opt(0.1, "folder without test/ or val/ subfolders: seeded share held out as the test split")
+    workers: int = opt(0, "folder: processes converting the images into the cache (0: one per CPU core)")
+    cache: Optional[str] = opt(None, "folder: where the converted images live (null: DIR/.imagegen-cache, or "
+                                     "~/.cache/imagegen/... when DIR is read-only)")
 
 
 @dataclass
@@ -221,8 +235,22 @@ class PlotConfig:
     threads: int = opt(1, "unused: plotting runs on the CPU")
 
 
+@dataclass
+class PrepareConfig:
+    check: bool = opt(False, "only say whether the cache is up to date (exit status 1 when not); build nothing")
+    grid: Optional[str] = opt(None, "PNG of real images as the model sees them (null: grid.png in the cache folder, or "
+                                    "the current folder for the standard sets)")
+    grid_images: int = opt(64, "images in the grid (from the training split)")
+    nrow: int = opt(8, "images per row of the grid")
+    scale: int = opt(2, "nearest-neighbour upscaling of the grid")
+    progress: bool = opt(True, "show the conversion's progress bar")
+    device: str = opt("cpu", "unused: preparing data runs on the CPU")
+    threads: int = opt(0, "unused: preparing data runs on the CPU")
+    data: DataConfig = field(default_factory=DataConfig)
+
+
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig,
-           "plot": PlotConfig, "export": ExportConfig, "convert": ConvertConfig}
+           "plot": PlotConfig, "export": ExportConfig, "convert": ConvertConfig, "prepare": PrepareConfig}
 
 
 def register():

@@ -48,8 +48,12 @@ class DatasetInfo:
 
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+IMAGENET_CLASSES = tuple(str(k) for k in range(1, 1001))      # the downsampled files' 1-based label numbers
 DATASETS = {"mnist": DatasetInfo("mnist", 28, 28, 1, tuple(str(d) for d in range(10))),
-            "cifar10": DatasetInfo("cifar10", 32, 32, 3, CIFAR10_CLASSES)}
+            "cifar10": DatasetInfo("cifar10", 32, 32, 3, CIFAR10_CLASSES),
+            "imagenet32": DatasetInfo("imagenet32", 32, 32, 3, IMAGENET_CLASSES),   # imagegen/imagenet.py
+            "imagenet64": DatasetInfo("imagenet64", 64, 64, 3, IMAGENET_CLASSES)}
+CACHED = ("folder", "imagenet32", "imagenet64")     # read from a memory-mapped cache (imagegen/source.py)
 
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 MNIST_FILES = {  # file -> md5 of the official gzipped file
@@ -69,8 +73,16 @@ _CHUNK = 1 << 20
 
 
 def dataset_info(name):
+    """DatasetInfo of a dataset name (mnist, cifar10) or of a data config section (a dict): a folder's
+    size and channels come from its config, its class names from the config or the folder's cache."""
+    if isinstance(name, dict):
+        if name.get("name") == "folder":
+            from .source import folder_info
+            return folder_info(name)
+        name = name.get("name")
     if name not in DATASETS:
-        raise UserError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)} (data=mnist or data=cifar10).")
+        raise UserError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['folder']} (data=mnist, "
+                        f"data=cifar10, data=imagenet32, or data=folder data.root=DIR for a folder of images).")
     return DATASETS[name]
 
 
@@ -432,6 +444,8 @@ def load_splits(name, root, splits, val_fraction=0.05, seed=0, download_missing=
     'val' is a seeded random `val_fraction` of the training files; 'train' is the rest.
     download_missing fetches the official files that are missing (see `download`)."""
     info = dataset_info(name)
+    if name in CACHED:
+        raise UserError(f"{name} is read through its cache: use load_from_config (imagegen/source.py).")
     for split in splits:
         if split not in ("train", "val", "test"):
             raise UserError(f"unknown split {split!r}; choose train, val or test.")
@@ -471,8 +485,12 @@ def load_split(name, root, split, val_fraction=0.05, seed=0, download_missing=Fa
 def load_from_config(data_cfg, splits, overrides=None, labels=False):
     """[sequences (B, D) of each split in splits] as described by a `data` config section
     (dict); non-null `overrides` (e.g. a new root) replace its values. labels=True: [(sequences,
-    labels (B,) long)] instead."""
+    labels (B,) long)] instead. A folder's sequences are source.ImageRows over its memory-mapped
+    cache (indexing one gives a uint8 tensor), the standard sets' uint8 tensors."""
     d = {**data_cfg, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    if d["name"] in CACHED:
+        from .source import load
+        return load(d, splits, labels)
     loaded = load_splits(d["name"], d["root"], splits, d["val_fraction"], d["split_seed"], d["download"],
                          d.get("mirror"))
     return [loaded[split] if labels else loaded[split][0] for split in splits]

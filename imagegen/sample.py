@@ -36,7 +36,7 @@ def run_sample(cfg, device):
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
-    info = dataset_info(ck["config"]["data"]["name"])
+    info = dataset_info(ck["config"]["data"])
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
     dtype = resolve_precision(cfg["precision"], device)

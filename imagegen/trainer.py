@@ -91,7 +91,9 @@ class Trainer:
             keep_freed_memory()
         (self.x_train, self.y_train), (x_val, y_val) = load_from_config(cfg["data"], ("train", "val"), labels=True)
         self.x_val, self.y_val = x_val[: t["val_images"]], y_val[: t["val_images"]]
-        self.info = dataset_info(cfg["data"]["name"])
+        self.info = dataset_info(cfg["data"])
+        if cfg["data"]["name"] == "folder":          # kept in the checkpoints, for use without the folder
+            cfg["data"]["class_names"] = list(self.info.class_names)
         classes = cfg["model"].get("num_classes", 0)
         if classes and classes != self.info.num_classes:
             raise UserError(f"model.num_classes={classes}, but {self.info.name} has {self.info.num_classes} classes; "

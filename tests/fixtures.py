@@ -111,3 +111,55 @@ def shared_data(*parts):
             pytest.fail(f"{path} is missing, and IMAGEGEN_REQUIRE_SHARED_DATA=1 requires the real data")
         pytest.skip(f"the real data files are not on this machine ({path})")
     return path
+
+
+# ---------------------------------------------------------------- image folders (data=folder)
+def solid(mode, size, value):
+    """A PIL image of one colour in any mode (16-bit modes take 0..65535)."""
+    from PIL import Image
+    return Image.new(mode, size, value)
+
+
+def write_png_header(path, width, height):
+    """A PNG whose header promises width x height grey pixels and holds almost none: a decompression
+    bomb that Pillow must refuse before decoding."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    Path(path).write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                           + chunk(b"IEND", b""))
+
+
+def write_class_folder(root, classes=("cat", "dog"), per_class=3, size=(12, 10), seed=0, suffix=".png"):
+    """root/<class>/<i><suffix>: each class a different brightness (class k: 40 + 80 k), so labels can be
+    read back from the pixels."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    paths = []
+    for k, name in enumerate(classes):
+        (Path(root) / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            a = np.full((size[1], size[0], 3), 40 + 80 * k, np.uint8) + rng.integers(0, 3, (size[1], size[0], 3),
+                                                                                        dtype=np.uint8)
+            path = Path(root) / name / f"{i}{suffix}"
+            Image.fromarray(a).save(path)
+            paths.append(path)
+    return paths
+
+
+def write_imagenet(root, size=8, batches=(5, 3), n_val=4, seed=0, subfolder="Imagenet_train_npz"):
+    """Downsampled-ImageNet npz files (data: N x 3*S*S channel-planar uint8, labels 1..1000 as a list,
+    as the official files hold them) under root: train batches in a subfolder, val_data.npz at the top."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    (Path(root) / subfolder).mkdir(parents=True, exist_ok=True)
+    names = [f"{subfolder}/train_data_batch_{i + 1}.npz" for i in range(len(batches))] + ["val_data.npz"]
+    for name, n in zip(names, list(batches) + [n_val]):
+        data = rng.integers(0, 256, (n, 3 * size * size), dtype=np.uint8)
+        labels = rng.integers(1, 1001, n).tolist()
+        np.savez(Path(root) / name, data=data, labels=labels, mean=np.zeros(3 * size * size))
+        out[name] = (data, labels)
+    return out

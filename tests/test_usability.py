@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from imagegen.cli import command_name
 from imagegen.config import SCHEMAS, describe
 from imagegen.errors import UserError
 from imagegen.runstate import Budget, RunState
@@ -12,8 +13,8 @@ from test_cli import TINY, one_line_error, run
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_help_describes_every_option(name):
-    out = run(f"imagegen-{name}", "--help").stdout
-    assert out.startswith(f"imagegen-{name}: ")
+    out = run(*command_name(name).split(), "--help").stdout        # imagegen-data prepare: a command and a verb
+    assert out.startswith(f"{command_name(name)}: ")
     for key, kind, text in describe(SCHEMAS[name]):
         assert text, f"{name}: {key} has no help sentence"
         assert f"  {key}: {kind} = " in out and text in out, key

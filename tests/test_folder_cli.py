@@ -1,0 +1,157 @@
+"""data=folder end to end: imagegen-data prepare, training, evaluation and completion through the
+console scripts; a conversion killed midway; memory flat as the cache grows."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fixtures import write_class_folder
+from imagegen import folder, imagecache, source
+
+TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "train.batch_size=4",
+        "train.val_images=4", "train.sample_every=0", "train.sample_minutes=0", "train.tensorboard=false",
+        "train.progress=false", "device=cpu"]
+
+
+def run(exe, *args, check=True):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(Path(sys.executable).with_name(exe)), *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    if check and proc.returncode:
+        raise AssertionError(f"{exe} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.mark.slow
+def test_prepare_train_eval_complete_on_a_folder(tmp_path):
+    root = tmp_path / "pics"
+    for split, n in (("train", 6), ("test", 2)):
+        write_class_folder(root / split, classes=("cat", "dog"), per_class=n, size=(20, 14))
+    data = ["data=folder", f"data.root={root}", "data.image_size=8", "data.channels=1", "data.workers=2"]
+    grid = tmp_path / "real.png"
+    out = run("imagegen-data", "prepare", *data, f"grid={grid}").stdout
+    assert "16 images of 8x8x1" in out and "splits: train 11, val 1, test 4" in out, out
+    table = [line.split() for line in out.splitlines() if line.strip().startswith(("cat", "dog"))]
+    assert [row[0] for row in table] == ["cat", "dog"] and [int(r[1]) + int(r[2]) for r in table] == [6, 6]
+    assert [r[3] for r in table] == ["2", "2"], out
+    assert grid.exists()
+    assert run("imagegen-data", "prepare", *data, "check=true").returncode == 0
+    assert run("imagegen-data", "prepare", *data[:-3], "data.image_size=6", "check=true", check=False).returncode == 1
+
+    run_dir = tmp_path / "run"
+    proc = run("imagegen-train", *data, f"run_dir={run_dir}", "train.max_steps=3", "model.num_classes=2", *TINY)
+    assert "training images of 64 sub-pixels" in proc.stdout + proc.stderr
+    ck = run_dir / "last.pt"
+    run("imagegen-eval", f"checkpoint={ck}", "device=cpu", "progress=false")
+    result = json.loads((run_dir / "last.test.json").read_text())
+    assert result["images"] == 4 and result["dims"] == 64 and 0 < result["bits_per_dim"] < 9
+    png = tmp_path / "complete.png"
+    run("imagegen-sample", f"checkpoint={ck}", "mode=complete", "num_originals=2", "completions=1", f"out={png}",
+        "device=cpu", "progress=false")
+    assert png.exists()
+
+
+def test_prepare_errors_are_one_sentence(tmp_path):
+    for args, pattern in ((["prepare", "data.image_size=8"], "images does not exist; point data.root at a folder of images"),
+                          (["prepare", f"data.root={tmp_path}", "data.channels=2"], "data.channels must be 1"),
+                          (["bake"], "needs a verb")):
+        proc = run("imagegen-data", *args, check=False)
+        assert proc.returncode and pattern in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+SLOW_CONVERT = """
+import sys, time
+from imagegen import folder, source
+real = folder.convert
+def slow(job):
+    time.sleep(0.05)
+    return real(job)
+folder.convert = slow
+source.open_cache({"name": "folder", "root": sys.argv[1], "image_size": 4, "channels": 1, "workers": 1},
+                  progress=False)
+"""
+
+
+def test_a_killed_conversion_leaves_nothing_a_later_run_takes(tmp_path):
+    root = tmp_path / "pics"
+    write_class_folder(root, per_class=30)
+    d = {"name": "folder", "root": str(root), "image_size": 4, "channels": 1, "workers": 1}
+    cache_dir = source.cache_dir(d)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CONVERT, str(root)])
+    deadline = time.time() + 60
+    while not list(cache_dir.glob(".images-*.tmp")) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)                                        # well inside the 60 x 0.05 s conversion
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(cache_dir.glob(".images-*.tmp")) and not (cache_dir / "manifest.json").exists()
+    cache, why = source.open_cache(d, check_only=True)
+    assert cache is None and why == "no cache yet"
+    cache, _ = source.open_cache(d, progress=False, say=lambda s: None)
+    assert len(cache.images) == 60 and not list(cache_dir.glob(".*.tmp"))
+    assert np.allclose(np.asarray(cache.images).mean(1), 40 + 80 * cache.labels, atol=3)
+
+
+MEASURE = """
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, capture_output=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def fake_cache(root, n, side, monkeypatch):
+    """A folder of n (empty) image files whose cache holds random pixels: the real build path, with
+    the per-image conversion replaced by random bytes (reading a cache is what is measured here)."""
+    root.mkdir()
+    for i in range(n):
+        (root / f"{i:06d}.png").touch()
+    length = side * side * 3
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(folder, "convert", lambda job: (rng.integers(0, 256, length, np.uint8).tobytes(), None))
+    d = {"name": "folder", "root": str(root), "image_size": side, "channels": 3, "workers": 1}
+    cache, _ = source.open_cache(d, progress=False, say=lambda s: None)
+    assert cache.images.shape == (n, length)
+    return d
+
+
+@pytest.mark.slow
+def test_training_memory_stays_flat_as_the_cache_grows_10x(tmp_path, monkeypatch):
+    """Peak RSS of imagegen-train (3 steps) on a 15,000-image cache (184 MB) against a 1,500-image one
+    (18 MB): the larger run may not hold the pixels it does not use."""
+    peaks = {}
+    for n in (1500, 15000):
+        fake_cache(tmp_path / str(n), n, 64, monkeypatch)
+        cmd = [str(Path(sys.executable).with_name("imagegen-train")), "data=folder", f"data.root={tmp_path / str(n)}",
+               "data.image_size=64", f"run_dir={tmp_path / f'run{n}'}", "train.max_steps=3", *TINY,
+               "train.batch_size=2", "train.val_images=2", "train.val_every=1000"]
+        out = subprocess.run([sys.executable, "-c", MEASURE, *cmd], capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+        assert out.returncode == 0, out.stderr
+        peaks[n] = int(out.stdout.split()[-1]) * 1024
+    grown = peaks[15000] - peaks[1500]
+    print(f"peak RSS {peaks[1500] / 2**20:.0f} MiB -> {peaks[15000] / 2**20:.0f} MiB as the cache grew from "
+          f"{1500 * 12288 / 2**20:.0f} to {15000 * 12288 / 2**20:.0f} MiB")
+    assert grown < 40 * 2**20, peaks
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_on_a_folder_equal_one(tmp_path):
+    """Two ranks start on a folder with no cache: one converts it while the other waits on the lock,
+    and the 2-process run equals the 1-process run that follows (which reuses the cache)."""
+    from test_distributed import TRAIN, assert_close_runs, torchrun
+    root = tmp_path / "pics"
+    write_class_folder(root, classes=("a", "b", "c"), per_class=8, size=(9, 9))
+    data = ["data=folder", f"data.root={root}", "data.image_size=6", "data.channels=1", "model.num_classes=3",
+            "train.label_dropout=0"]     # label dropout draws per rank (as dropout does): no equal runs with it
+    two, one = tmp_path / "two", tmp_path / "one"
+    proc = torchrun("imagegen.train", *TRAIN, *data, f"run_dir={two}")
+    assert (proc.stdout + proc.stderr).count("converted 24 images") == 1, proc.stdout + proc.stderr
+    proc = run("imagegen-train", *TRAIN, *data, f"run_dir={one}")
+    assert "converted" not in proc.stdout + proc.stderr
+    assert_close_runs(one, two)

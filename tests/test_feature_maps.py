@@ -361,3 +361,20 @@ def test_export_refuses_other_maps_in_one_sentence():
         with pytest.raises(UserError, match="browser sampler runs only elu \\+ 1 without a gate"):
             page_config(model, "mnist")
     page_config(build_model(tiny_cfg({}), dataset_info("mnist")), "mnist")
+
+
+# ---------------------------------------------------------------- benchmarks name each map
+def test_benchmarks_name_each_map():
+    from imagegen.benchmarks.attention import attention_fn, n_features, parse_map
+    from imagegen.benchmarks.compare import attention_label
+    assert parse_map("favor:128+gate") == {"feature_map": "favor", "n_features": 128, "gate": "input"}
+    assert n_features("rff", 32) == 64 and n_features("elu", 32) == 32 and n_features("favor:16", 32) == 16
+    with pytest.raises(UserError, match="bad feature_maps entry 'cos:x'"):
+        parse_map("cos:x")
+    q, k, v = (t.float() for t in raw(N=1, H=2, L=20, E=8, M=8))
+    for spec in ("elu", "relu", "favor:16", "rff:16", "elu+gate"):
+        assert attention_fn("chunked", spec, 2, 8)(q, k, v).shape == (1, 2, 20, 8)
+    cfg = {"attention": "linear", "attention_options": {"feature_map": "favor", "n_features": 64, "gate": "input"}}
+    assert attention_label(cfg) == "linear favor:64 gate=input"
+    assert attention_label({"attention": "linear", "attention_options": {"impl": "auto"}}) == "linear elu"
+    assert attention_label({"attention": "softmax"}) == "softmax"

@@ -150,7 +150,7 @@ def run_attention(c, device):
     rows = []
     for dtype in c["attention_dtypes"]:
         for L in c["lengths"]:
-            for impl, spec in [(i, "-") if i == "softmax" else (i, m) for i in impls for m in specs]:
+            for impl, spec in [(i, m) for i in impls for m in (["-"] if i == "softmax" else specs)]:
                 if spec != "-" and "gate" in parse_map(spec) and impl not in ("chunked", "auto"):
                     continue                                              # the gate has the chunked form only
                 cumsum_gb = 4 * N * H * L * n_features(spec, E) * (E + 1) * 4 / 2 ** 30   # states, grads, temporaries

@@ -29,6 +29,12 @@ def attention_label(model_cfg):
     return label
 
 
+def train_step_ms(state):
+    """Milliseconds per training step from a checkpoint's run state (elapsed / step), None when it has none."""
+    step, elapsed = state.get("step"), state.get("elapsed")
+    return 1000 * elapsed / step if isinstance(step, int) and step > 0 and isinstance(elapsed, (int, float)) else None
+
+
 def current_eval(path, ck, split, max_images):
     """The result in <stem>.<split>.json when imagegen-eval wrote it for this checkpoint file (same
     mtime and step) on this split with this max_images (None: the whole split); else None."""
@@ -63,7 +69,7 @@ def run(cfg, evaluate):
         state = ck.get("state") or {}
         rows.append({"checkpoint": str(path), "attention": attention_label(ck["config"]["model"]),
                      "bits_per_dim": result["bits_per_dim"], "images": result["images"], "bpd_source": source,
-                     "train_step_ms": 1000 * state["elapsed"] / state["step"] if state.get("step") else None})
+                     "train_step_ms": train_step_ms(state)})
     counts = {r["images"] for r in rows}
     if len(counts) > 1:
         found = ", ".join(f"{r['checkpoint']}: {r['images']}" for r in rows)

@@ -21,7 +21,9 @@ def opt(default, help, **kw):
 @dataclass
 class ModelConfig:
     attention: str = opt("linear", "attention of every layer: linear (an RNN when sampling), softmax or lsh")
-    attention_options: Dict[str, Any] = opt({}, "options of the attention class, e.g. {impl: auto} for linear, "
+    attention_options: Dict[str, Any] = opt({}, "options of the attention class, e.g. {impl: auto} for linear "
+                                                "(also feature_map: elu|relu|favor|rff, n_features, redraw_every, "
+                                                "gate: none|head|input; docs/feature-maps.md), "
                                                 "{n_hashes: 1, n_buckets: 64, chunk_size: 32} for lsh")
     n_layers: int = opt(4, "number of transformer blocks")
     d_model: int = opt(128, "width of the residual stream (a multiple of n_heads)")
@@ -212,6 +214,8 @@ class BenchConfig:
     head_dim: int = opt(32, "attention: head dim E = M")
     impls: List[str] = opt(["softmax", "cumsum", "chunked", "kernel", "auto"], "attention: implementations")
     attention_dtypes: List[str] = opt(["float32"], "attention: float32 and/or bfloat16")
+    feature_maps: List[str] = opt(["elu"], "attention and train_step: the linear attention's feature maps, each "
+                                           "NAME[:N_FEATURES][+gate], e.g. [elu, favor:64, favor:128, rff, elu+gate]")
     repeat: int = opt(3, "attention and train_step: timed repetitions")
     cumsum_max_gb: float = opt(12.0, "attention: skip cumsum where its states would exceed this")
     train_batch: int = opt(16, "train_step: batch size")

@@ -50,6 +50,10 @@ def page_config(model, dataset, guidance=1.0):
     if attn.name != "linear":
         raise UserError(f"this checkpoint uses {attn.name} attention, but the browser sampler runs linear attention "
                         f"only (an RNN with constant state); export a checkpoint trained with model=linear.")
+    if not attn.plain_elu:
+        raise UserError(f"this checkpoint's linear attention uses feature_map={attn.feature_map.name}, "
+                        f"gate={attn.gate}, but the browser sampler runs only elu + 1 without a gate; sample it "
+                        f"with imagegen-sample, or export a checkpoint trained with the default feature map.")
     info = dataset_info(dataset)
     return {"dataset": info.name, "height": info.height, "width": info.width, "channels": info.channels,
             "length": info.length, "n_layers": len(model.blocks), "d_model": attn.d_model, "n_heads": attn.n_heads,

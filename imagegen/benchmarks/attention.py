@@ -16,7 +16,9 @@ from ..data import dataset_info
 from ..allocator import keep_freed_memory
 from ..errors import UserError
 from ..model import build_model
-from ..ops import TRITON_DEVICES, kernel_error, linear_attention, triton_error
+from ..attention.feature_maps import FEATURE_MAPS, make_feature_map
+from ..ops import (TRITON_DEVICES, gated_linear_attention, kernel_error, linear_attention, mapped_linear_attention,
+                   triton_error)
 from ..precision import autocast, resolve_precisions
 from .report import markdown_table, machine
 from .timing import median_ms, sync
@@ -24,11 +26,49 @@ from .timing import median_ms, sync
 LINEAR_IMPLS = ("cumsum", "chunked", "kernel", "triton", "auto")
 
 
-def attention_fn(impl):
-    """The causal attention of one implementation on (q, k, v) of shape (N, H, L, E)."""
+def parse_map(spec):
+    """A feature_maps entry, "NAME[:F][+gate]" (elu, favor:128, rff+gate, ...) -> the linear
+    attention's options {feature_map, n_features?, gate?}."""
+    body, _, gate = spec.partition("+")
+    name, _, n = body.partition(":")
+    if name not in FEATURE_MAPS or gate not in ("", "gate") or (n and not n.isdigit()):
+        raise UserError(f"bad feature_maps entry {spec!r}; write NAME[:N_FEATURES][+gate] with NAME one of "
+                        f"{', '.join(FEATURE_MAPS)}, e.g. favor:128 or elu+gate.")
+    options = {"feature_map": name}
+    if n:
+        options["n_features"] = int(n)
+    if gate:
+        options["gate"] = "input"
+    return options
+
+
+def n_features(spec, E):
+    """F, the features per head of a feature_maps entry (E for softmax "-" and the maps without a draw)."""
+    if spec == "-":
+        return E
+    options = parse_map(spec)
+    cls = FEATURE_MAPS[options["feature_map"]]
+    return options.get("n_features", cls.default_features) if cls.random else E
+
+
+def attention_fn(impl, spec="elu", H=1, E=1, device="cpu"):
+    """The causal attention of one implementation on (q, k, v) of shape (N, H, L, E); for linear
+    impls with the feature map (and gate) of `spec` (see `parse_map`): the map's features (and a
+    fixed gate of the paper's form) computed inside, as the model computes them."""
     if impl == "softmax":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return lambda q, k, v: linear_attention(q, k, v, impl=impl)
+    options = parse_map(spec)
+    if options == {"feature_map": "elu"}:
+        return lambda q, k, v: linear_attention(q, k, v, impl=impl)
+    torch.manual_seed(0)
+    phi = make_feature_map(options["feature_map"], H, E, options.get("n_features")).to(device)
+    if "gate" not in options:
+        return lambda q, k, v: mapped_linear_attention(phi(q), phi(k), v, impl=impl)
+
+    def gated(q, k, v):
+        a = torch.linspace(1.0, 6.0, q.shape[2], device=q.device).expand(q.shape[:3])   # gate logits (N, H, L)
+        return gated_linear_attention(phi(q), phi(k) * torch.sigmoid(-a)[..., None], v, F.logsigmoid(a), impl=impl)
+    return gated
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -39,9 +79,9 @@ def inputs(N, H, L, E, device, dtype="float32", seed=0):
     return [torch.randn(N, H, L, E, generator=g).to(device, DTYPES[dtype]).requires_grad_() for _ in range(3)]
 
 
-def time_case(impl, N, H, L, E, device, dtype, repeat):
+def time_case(impl, spec, N, H, L, E, device, dtype, repeat):
     q, k, v = inputs(N, H, L, E, device, dtype)
-    f = attention_fn(impl)
+    f = attention_fn(impl, spec, H, E, device)
 
     def fwd():
         with torch.no_grad():
@@ -53,11 +93,11 @@ def time_case(impl, N, H, L, E, device, dtype, repeat):
     return median_ms(fwd, device, repeat), median_ms(fwd_bwd, device, repeat)
 
 
-def peak_memory_child(impl, N, H, L, E, device, dtype):
+def peak_memory_child(impl, N, H, L, E, device, dtype, spec="elu"):
     """Runs in a subprocess: bytes of peak memory one forward+backward adds."""
     device = torch.device(device)
     q, k, v = inputs(N, H, L, E, device, dtype)
-    f = attention_fn(impl)
+    f = attention_fn(impl, spec, H, E, device)
     if device.type == "cuda":
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -80,10 +120,11 @@ def hwm_bytes():
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 
-def peak_memory(impl, N, H, L, E, device, dtype, threads):
+def peak_memory(impl, N, H, L, E, device, dtype, threads, spec="elu"):
     code = ("import json, sys, torch; from imagegen.benchmarks.attention import peak_memory_child; "
             f"torch.set_num_threads({threads}); "
-            f"print(json.dumps(peak_memory_child({impl!r}, {N}, {H}, {L}, {E}, {str(device)!r}, {dtype!r})))")
+            f"print(json.dumps(peak_memory_child({impl!r}, {N}, {H}, {L}, {E}, {str(device)!r}, {dtype!r}, "
+            f"{spec!r})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode:
         print(f"peak memory of {impl} at L={L} not measured: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -103,19 +144,25 @@ def run_attention(c, device):
     unknown = [d for d in c["attention_dtypes"] if d not in DTYPES]
     if unknown:
         raise UserError(f"unknown dtype {unknown[0]!r} in attention_dtypes; use {' or '.join(DTYPES)}.")
+    specs = c.get("feature_maps") or ["elu"]
+    for spec in specs:
+        parse_map(spec)                                                   # bad entries fail before any timing
     rows = []
     for dtype in c["attention_dtypes"]:
         for L in c["lengths"]:
-            for impl in impls:
-                cumsum_gb = 4 * N * H * L * E * (E + 1) * 4 / 2 ** 30      # states, their grads and temporaries
+            for impl, spec in [(i, m) for i in impls for m in (["-"] if i == "softmax" else specs)]:
+                if spec != "-" and "gate" in parse_map(spec) and impl not in ("chunked", "auto"):
+                    continue                                              # the gate has the chunked form only
+                cumsum_gb = 4 * N * H * L * n_features(spec, E) * (E + 1) * 4 / 2 ** 30   # states, grads, temporaries
+                base = {"dtype": dtype, "L": L, "impl": impl, "map": spec}
                 if impl == "cumsum" and cumsum_gb > c["cumsum_max_gb"]:
-                    rows.append({"dtype": dtype, "L": L, "impl": impl, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"})
+                    rows.append({**base, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"})
                     continue
-                fwd, fwd_bwd = time_case(impl, N, H, L, E, device, dtype, c["repeat"])
-                mem = peak_memory(impl, N, H, L, E, device, dtype, torch.get_num_threads())
-                rows.append({"dtype": dtype, "L": L, "impl": impl, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd,
+                fwd, fwd_bwd = time_case(impl, spec, N, H, L, E, device, dtype, c["repeat"])
+                mem = peak_memory(impl, N, H, L, E, device, dtype, torch.get_num_threads(), spec)
+                rows.append({**base, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd,
                              "peak_mib": None if mem is None else mem / 2 ** 20})
-                print(f"{dtype} L={L:6d} {impl:8s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
+                print(f"{dtype} L={L:6d} {impl:8s} {spec:12s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
                       f"peak {rows[-1]['peak_mib'] or float('nan'):9.1f} MiB", flush=True)
     for row in rows:
         soft = next((r for r in rows if r["dtype"] == row["dtype"] and r["L"] == row["L"]
@@ -124,12 +171,15 @@ def run_attention(c, device):
             row["speedup_fwd_bwd"] = soft["fwd_bwd_ms"] / row["fwd_bwd_ms"]
             if soft.get("peak_mib") and row.get("peak_mib"):
                 row["memory_vs_softmax"] = row["peak_mib"] / soft["peak_mib"]
-    cols = [("dtype", "dtype", None), ("L", "N (length)", None), ("impl", "impl", None), ("fwd_ms", "fwd ms", "{:.2f}"),
+    cols = [("dtype", "dtype", None), ("L", "N (length)", None), ("impl", "impl", None), ("map", "feature map", None),
+            ("fwd_ms", "fwd ms", "{:.2f}"),
             ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"), ("speedup_fwd_bwd", "fwd+bwd speedup vs softmax", "{:.1f}x"),
             ("peak_mib", "peak MiB (fwd+bwd)", "{:.1f}"), ("memory_vs_softmax", "memory / softmax", "{:.2f}"),
             ("note", "note", None)]
     md = (f"Causal attention, B={N}, H={H}, D=M={E}, {' and '.join(c['attention_dtypes'])}, {device}. softmax = "
-          f"scaled_dot_product_attention(is_causal=True) (flash on CUDA); linear = elu+1 features, normalised.\n"
+          f"scaled_dot_product_attention(is_causal=True) (flash on CUDA); linear: normalised, with the feature map "
+          f"named (F features; +gate: random feature attention's gate, chunked form), its features computed in the "
+          f"timed call.\n"
           f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
     return {"rows": rows}, md
 
@@ -143,13 +193,15 @@ def run_train_step(c, device):
     precisions, note = resolve_precisions(c["train_precisions"], device, "train_precisions")
     if note:
         print(note)
+    specs = c.get("feature_maps") or ["elu"]
+    variants = [("softmax", "softmax", {})] + [("linear" if spec == "elu" else f"linear {spec}", "linear",
+                                                {"impl": "auto", **parse_map(spec)}) for spec in specs]
     rows = []
     for name, L in c["train_lengths"].items():
         info = dataset_info(name)
         for precision in precisions:
-            for attention in ("softmax", "linear"):
+            for label, attention, options in variants:
                 torch.manual_seed(0)
-                options = {"impl": "auto"} if attention == "linear" else {}
                 model = build_model({**c["model"], "attention": attention, "attention_options": options},
                                     info).to(device)
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -161,9 +213,9 @@ def run_train_step(c, device):
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
-                rows.append({"data": name, "length": L, "precision": precision, "attention": attention,
+                rows.append({"data": name, "length": L, "precision": precision, "attention": label,
                              "step_ms": median_ms(step, device, c["repeat"])})
-                print(f"{name} L={L} {precision} {attention:8s} {rows[-1]['step_ms']:.1f} ms/step", flush=True)
+                print(f"{name} L={L} {precision} {label:18s} {rows[-1]['step_ms']:.1f} ms/step", flush=True)
     for row in rows:
         soft = next(r for r in rows if r["data"] == row["data"] and r["precision"] == row["precision"]
                     and r["attention"] == "softmax")

@@ -1,4 +1,6 @@
-"""The paper's table for trained checkpoints: attention, parameters, test bits/dim, images/sec.
+"""The paper's table for trained checkpoints: attention (with the linear attention's feature map and
+gate), parameters, test bits/dim, training ms/step (the run's own clock: elapsed / steps, as saved),
+images/sec.
 
 Every row's bits/dim is over the same images: an evaluation JSON beside a checkpoint is reused
 only when it was written for that very checkpoint (modification time and step), on the same
@@ -12,6 +14,25 @@ from ..errors import UserError
 from ..sampling import resolve_sampler, sampler_label
 from .report import machine, markdown_table
 from .sampling import measure, timed_positions
+
+
+def attention_label(model_cfg):
+    """The attention of a model config as the table names it: softmax, lsh, linear elu, linear favor:64 gate=input."""
+    if model_cfg["attention"] != "linear":
+        return model_cfg["attention"]
+    options = model_cfg.get("attention_options") or {}
+    label = f"linear {options.get('feature_map', 'elu')}"
+    if options.get("n_features") is not None:
+        label += f":{options['n_features']}"
+    if options.get("gate", "none") != "none":
+        label += f" gate={options['gate']}"
+    return label
+
+
+def train_step_ms(state):
+    """Milliseconds per training step from a checkpoint's run state (elapsed / step), None when it has none."""
+    step, elapsed = state.get("step"), state.get("elapsed")
+    return 1000 * elapsed / step if isinstance(step, int) and step > 0 and isinstance(elapsed, (int, float)) else None
 
 
 def current_eval(path, ck, split, max_images):
@@ -45,8 +66,10 @@ def run(cfg, evaluate):
         if result is None:
             result, source = evaluate(path), "computed"
         models.append((path, ck))
-        rows.append({"checkpoint": str(path), "attention": ck["config"]["model"]["attention"],
-                     "bits_per_dim": result["bits_per_dim"], "images": result["images"], "bpd_source": source})
+        state = ck.get("state") or {}
+        rows.append({"checkpoint": str(path), "attention": attention_label(ck["config"]["model"]),
+                     "bits_per_dim": result["bits_per_dim"], "images": result["images"], "bpd_source": source,
+                     "train_step_ms": train_step_ms(state)})
     counts = {r["images"] for r in rows}
     if len(counts) > 1:
         found = ", ".join(f"{r['checkpoint']}: {r['images']}" for r in rows)
@@ -69,6 +92,7 @@ def run(cfg, evaluate):
         r["speedup"] = r["images_per_sec"] / slowest
     cols = [("checkpoint", "checkpoint", None), ("attention", "attention", None), ("parameters", "params", "{:,}"),
             ("bits_per_dim", f"{cfg['split']} bits/dim", "{:.4f}"), ("images", f"{cfg['split']} images", "{:,}"),
+            ("train_step_ms", "train ms/step", "{:.1f}"),
             ("sampler", "sampler", None), ("batch", "batch", None), ("images_per_sec", "images/sec", "{:.4g}"),
             ("speedup", "speedup", "{:.1f}x")]
     md = f"Machine: {machine()}.\n\n" + markdown_table(rows, cols)

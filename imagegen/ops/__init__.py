@@ -1,6 +1,8 @@
 """Causal linear attention ops: `causal_product` (the numerator),
-`causal_linear_attention` (normalised, on feature-mapped q, k) and `linear_attention`
-(the model's: phi(x) = elu(x) + 1 applied here), each with a choice of implementation.
+`causal_linear_attention` (normalised, on feature-mapped q, k), `linear_attention`
+(the model's: phi(x) = elu(x) + 1 applied here), `mapped_linear_attention` (the model's with
+another feature map, applied by the caller) and `gated_linear_attention` (with a decay per
+position, gated_linear.py), each with a choice of implementation.
 
 impl names:
   "reference"  quadratic masked product, O(L^2) memory; for tests
@@ -18,8 +20,9 @@ import torch.nn.functional as F
 
 from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
                             causal_product_reference)
+from .gated_linear import gated_chunked, gated_reference, gated_step
 from .kernel import (causal_product_kernel, decode_step, fused_state, fused_step, kernel_error, kernel_unsupported,
-                     linear_attention_kernel)
+                     linear_attention_kernel, warn_fallback)
 from .triton_linear import linear_attention_triton, triton_error, triton_step, triton_unsupported
 
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "triton", "auto")
@@ -161,6 +164,43 @@ def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
         if dtype != q.dtype:
             return linear_attention(q.to(dtype), k.to(dtype), v.to(dtype), impl, eps, chunk_size).to(q.dtype)
         return causal_linear_attention(phi(q), phi(k), v, impl=impl, eps=eps, chunk_size=chunk_size)
+
+
+def mapped_linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
+    """The model's causal linear attention on features q, k (N, H, L, F) of any feature map
+    (applied by the caller, whose autograd then carries the gradient through it) and v (N, H, L, M)
+    -> (N, H, L, M). impl "kernel" (which "auto" picks on the CPU, by the rule of `choose_impl`)
+    runs the compiled numerator kernel on [v, 1] and divides (the fused kernel applies elu + 1
+    inside, so it cannot serve); "triton" (which "auto" picks on CUDA where it works) runs the
+    Triton kernels with phi the identity (F, M <= 128); other impls as in `causal_linear_attention`."""
+    with torch.autocast(q.device.type, enabled=False):
+        impl = resolve_impl(q, k, v, impl, chunk_size, fused=True)
+        if impl == "triton":
+            return linear_attention_triton(q, k, v, eps=eps, mapped=True)
+        dtype = compute_dtype(q)
+        if dtype != q.dtype:
+            return mapped_linear_attention(q.to(dtype), k.to(dtype), v.to(dtype), impl, eps, chunk_size).to(q.dtype)
+        return causal_linear_attention(q, k, v, impl=impl, eps=eps, chunk_size=chunk_size)
+
+
+def gated_linear_attention(q, k, v, log_g, impl="auto", eps=EPS, chunk_size=None):
+    """Causal linear attention with a decay per head and position: features q, k (N, H, L, F),
+    v (N, H, L, M), log_g (N, H, L) <= 0 -> (N, H, L, M); see gated_linear.py for the recurrence.
+    impl "reference" runs the quadratic form; every other the chunked PyTorch form, the only fast
+    one: "kernel" and "triton" fall back to it with one warning (neither has the decay)."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown gated attention impl {impl!r}; choose one of {', '.join(IMPLS)}.")
+    check_qkv(q, k, v)
+    if log_g.shape != q.shape[:3]:
+        raise ValueError(f"log_g must be (N, H, L) = {tuple(q.shape[:3])}, got {tuple(log_g.shape)}.")
+    if impl in ("kernel", "triton"):
+        warn_fallback(f"the {impl} form of the gated attention", q.device.type, "the decay is not in those kernels")
+    with torch.autocast(q.device.type, enabled=False):
+        dtype, out_dtype = compute_dtype(q), q.dtype
+        q, k, v, log_g = (t.to(dtype) for t in (q, k, v, log_g))
+        if impl == "reference":
+            return gated_reference(q, k, v, log_g, eps).to(out_dtype)
+        return gated_chunked(q, k, v, log_g, eps, chunk_size or default_chunk_size(q)).to(out_dtype)
 
 
 def linear_attention_qkv(qkv, n_heads, impl="auto", eps=EPS):

@@ -3,6 +3,7 @@ bundled ptxas make cubins anywhere): every kernel `triton_linear.plan` launches,
 E = M in --dims and inputs of --dtypes, checking that each fits in SHARED_LIMIT of shared memory.
 
     python -m imagegen.ops.triton_compile [--arch 80 90] [--dims 16 32 64 128] [--dtypes float32 float16 bfloat16]
+                                          [--mapped]   (the kernels for features of other maps: phi the identity)
 
 One line per kernel; exit status 1 when any fails to compile or needs too much shared memory.
 Run it with TRITON_INTERPRET unset (interpreted kernels cannot be compiled). It shows that the
@@ -54,6 +55,7 @@ def main(argv=None):
     parser.add_argument("--dims", type=int, nargs="+", default=[16, 32, 64, 128])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"],
                         choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--mapped", action="store_true", help="compile the MAPPED variants (phi the identity)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "") not in ("", "0"):
         sys.exit("triton_compile: unset TRITON_INTERPRET (interpreted kernels cannot be compiled)")
@@ -61,8 +63,8 @@ def main(argv=None):
     for arch in args.arch:
         for dtype in (getattr(torch, d) for d in args.dtypes):
             for dim in args.dims:
-                for launch, (name, constexprs, warps) in plan(dim, dim, dtype).items():
-                    what = f"sm_{arch} {dtype_name(dtype):8s} E=M={dim:<3d} {launch:7s}"
+                for launch, (name, constexprs, warps) in plan(dim, dim, dtype, mapped=args.mapped).items():
+                    what = f"sm_{arch} {dtype_name(dtype):8s} E=M={dim:<3d} {launch:7s}" + " mapped" * args.mapped
                     start = time.perf_counter()
                     try:
                         shared = compile_one(name, constexprs, warps, dtype, arch).metadata.shared

@@ -86,8 +86,9 @@ def check_against_chunked(device_type):
     return None
 
 
-def plan(E, M, dtype, chunk=None):
-    """{launch: (kernel name, its constexprs, warps)} for head dims E, M and inputs of dtype.
+def plan(E, M, dtype, chunk=None, mapped=False):
+    """{launch: (kernel name, its constexprs, warps)} for head dims E, M and inputs of dtype;
+    mapped: q and k are features already (phi is the identity; see triton_kernels).
 
     Blocks are powers of two >= 16 (tl.dot's smallest): BEF, BMF cover E, M whole; the state is
     split into blocks BE, BM of <= 64 columns. The chunk C (64 up to dims 32, 32 up to 64, 16
@@ -101,12 +102,12 @@ def plan(E, M, dtype, chunk=None):
     BE, BM = min(full_e, 64), min(full_m, 64)
     prec = "ieee" if dtype == torch.float32 else "tf32"
     warps = 4 if full <= 64 else 8
-    qk = {"C": C, "BE": BE, "BMF": full_m, "PREC": prec}
-    return {"forward": ("forward", {"C": C, "BE": full_e, "BM": BM, "PREC": prec}, warps),
+    qk = {"C": C, "BE": BE, "BMF": full_m, "PREC": prec, "MAPPED": mapped}
+    return {"forward": ("forward", {"C": C, "BE": full_e, "BM": BM, "PREC": prec, "MAPPED": mapped}, warps),
             "dq": ("backward_qk", {**qk, "REVERSE": False}, warps),
             "dk": ("backward_qk", {**qk, "REVERSE": True}, warps),
-            "dv": ("backward_dv", {"C": C, "BEF": full_e, "BM": BM, "PREC": prec}, warps),
-            "step": ("step", {"BE": full_e, "BM": full_m}, 4)}
+            "dv": ("backward_dv", {"C": C, "BEF": full_e, "BM": BM, "PREC": prec, "MAPPED": mapped}, warps),
+            "step": ("step", {"BE": full_e, "BM": full_m, "MAPPED": mapped}, 4)}
 
 
 def launch(planned, device_type, grid, *args):
@@ -140,21 +141,22 @@ def interpreting():
 class TritonLinearAttention(torch.autograd.Function):
     """phi, numerator, denominator and division in one kernel forward, three backward (dq, dk, dv);
     keeps 1 / (den + eps) per position beside its inputs and output. Takes q, k, v (N, H, L, E),
-    or one tensor (N, L, 3, H, E) holding them, whose gradient then comes back whole."""
+    or one tensor (N, L, 3, H, E) holding them, whose gradient then comes back whole; mapped: q, k
+    are features already (phi the identity)."""
 
     @staticmethod
-    def forward(ctx, eps, chunk, *inputs):
+    def forward(ctx, eps, chunk, mapped, *inputs):
         q, k, v = unpack(inputs)
         N, H, L, E = q.shape
         M = v.shape[-1]
-        p = plan(E, M, q.dtype, chunk)
+        p = plan(E, M, q.dtype, chunk, mapped)
         out = empty_heads_last(v)                               # (N, H, L, M), laid out (N, L, H, M)
         inv = torch.empty(N * H, L, device=q.device, dtype=torch.float32)
         if L:
             launch(p["forward"], q.device.type, (N * H, cdiv(M, p["forward"][1]["BM"])),
                    q, k, v, out, inv, *q.stride(), *k.stride(), *v.stride(), *out.stride(), H, L, E, M, eps)
         ctx.save_for_backward(*inputs, out, inv)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.mapped = chunk, mapped
         return out
 
     @staticmethod
@@ -164,7 +166,7 @@ class TritonLinearAttention(torch.autograd.Function):
         q, k, v = unpack(inputs)
         N, H, L, E = q.shape
         M = v.shape[-1]
-        p, device = plan(E, M, q.dtype, ctx.chunk), q.device.type
+        p, device = plan(E, M, q.dtype, ctx.chunk, ctx.mapped), q.device.type
         g = grad_out.to(out.dtype)
         gd = -(g.float() * out.float()).sum(-1).reshape(N * H, L) * inv      # d loss / d den, (N H, L)
         if len(inputs) == 1:
@@ -183,26 +185,28 @@ class TritonLinearAttention(torch.autograd.Function):
             for t in grads:
                 t.zero_()
         if len(inputs) == 1:
-            return None, None, grads[0] if ctx.needs_input_grad[2] else None
-        return (None, None, *(t if need else None for t, need in zip(grads, ctx.needs_input_grad[2:])))
+            return None, None, None, grads[0] if ctx.needs_input_grad[3] else None
+        return (None, None, None, *(t if need else None for t, need in zip(grads, ctx.needs_input_grad[3:])))
 
 
-def linear_attention_triton(*inputs, eps, chunk=None):
+def linear_attention_triton(*inputs, eps, chunk=None, mapped=False):
     """Causal linear attention on raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M), laid out
     (N, L, H, M); or on qkv (N, L, 3, H, E) holding the three. chunk: positions per chunk (a power
-    of two >= 16; None: see `plan`)."""
+    of two >= 16; None: see `plan`). mapped: q, k are features of another map (non-negative where
+    the map promises it), taken as they are."""
     if chunk is not None and (chunk < 16 or chunk & (chunk - 1)):
         raise ValueError(f"chunk must be a power of two >= 16 (tl.dot's smallest block), got {chunk}.")
-    return TritonLinearAttention.apply(eps, chunk, *inputs)
+    return TritonLinearAttention.apply(eps, chunk, mapped, *inputs)
 
 
-def triton_step(q, k, v, state, eps):
+def triton_step(q, k, v, state, eps, mapped=False):
     """One decoding position: raw q, k (N, H, 1, E), v (N, H, 1, M) -> (N, H, 1, M), laid out
-    (N, 1, H, M); state (N H, E, M + 1), S with z as its last column, is updated in place."""
+    (N, 1, H, M); state (N H, E, M + 1), S with z as its last column, is updated in place.
+    mapped: q, k are features already."""
     N, H, _, E = q.shape
     M = v.shape[-1]
     out = empty_heads_last(v)
     drop = (lambda t: (t.stride(0), t.stride(1), t.stride(3)))                   # the unit length axis
-    launch(plan(E, M, q.dtype)["step"], q.device.type, (N * H,),
+    launch(plan(E, M, q.dtype, mapped=mapped)["step"], q.device.type, (N * H,),
            q, k, v, state, out, *drop(q), *drop(k), *drop(v), *state.stride(), *drop(out), H, E, M, eps)
     return out

@@ -6,14 +6,14 @@ Everything read from a file is checked before use: required keys and types, a mo
 that fits the schema, floating-point finite weights; each failure is one sentence.
 """
 import math
-import os
-import uuid
 from pathlib import Path
 
 import torch
 
+from . import checkpoint_checks as checks, files
 from .data import dataset_info
 from .errors import UserError
+from .memory import available_bytes
 from .model import build_model
 from .precision import dtype_name
 
@@ -21,23 +21,10 @@ FORMAT = "imagegen/1"
 
 
 def save(path, payload):
-    """Write to a temporary file unique to this process in the same folder, fsync, then rename over
-    `path`. A failed write (disk full, read-only folder) removes the temporary file, leaves the
-    previous `path` intact and raises a UserError."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **payload}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        kept = " (the previous one is intact)" if path.exists() else ""
-        raise UserError(f"could not write checkpoint {path}{kept}: {e.strerror or e}; free space or fix the "
-                        f"folder's permissions, then run the same command again to resume.") from None
+    """Write through files.write_with (a temporary file in the same folder, fsync, rename over `path`):
+    a failed write (disk full, read-only folder) leaves the previous `path` intact and raises a UserError."""
+    files.write_with(path, lambda f: torch.save({"format": FORMAT, **payload}, f), "checkpoint",
+                     fix="free space or fix the folder's permissions, then run the same command again to resume")
 
 
 def eval_json(path, split):
@@ -46,22 +33,24 @@ def eval_json(path, split):
     return path.with_name(f"{path.stem}.{split}.json")
 
 
-def load(path):
-    """The checked checkpoint dict at `path` (model and config; see `check_training` for resuming)."""
+def load(path, hint="checkpoint=PATH"):
+    """The checked checkpoint dict at `path` (model and config; see `check_training` for resuming).
+    hint: how the command names its checkpoint option, for the sentence about a missing file."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass checkpoint=PATH to a .pt file written by imagegen-train.")
+    checks.check_path(path, hint)
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, foreign objects: all unreadable to us
-        reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        reason = checks.load_reason(e)
         raise UserError(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason}); "
                         f"use another checkpoint, e.g. best.pt or last.pt from the run folder.") from None
+    checks.check_format(ck, path, FORMAT)
     if not isinstance(ck, dict) or ck.get("format") != FORMAT or "model" not in ck or "config" not in ck:
         raise UserError(f"{path} is a PyTorch file but not an imagegen checkpoint (no '{FORMAT}' format tag); "
                         f"pass a checkpoint written by imagegen-train.")
     check_config(ck, path)
     check_weights(ck["model"], path)
+    checks.check_buildable(ck["config"], ck["model"], path, available_bytes(torch.device("cpu")))
     return ck
 
 

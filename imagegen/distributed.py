@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import UserError
+from .signals import watch_parent
 
 TIMEOUT_S = float(os.environ.get("IMAGEGEN_DIST_TIMEOUT", "300"))   # a collective waiting longer: a rank died
 
@@ -53,6 +54,7 @@ def setup(device):
     world = from_env()
     if not world.distributed:
         return world, device
+    watch_parent()                  # the launcher's death stops this rank as SIGTERM would
     if device.type == "cuda":
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)

@@ -13,8 +13,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, rundir
 from .allocator import keep_freed_memory
+from .checkpoint_checks import check_resumable
 from .config import check_train
 from .data import dataset_info, load_from_config
 from .errors import UserError
@@ -103,6 +104,7 @@ class Trainer:
         if world.main:                       # we hold the run_dir: temporary files there are a dead run's
             for tmp in run_dir.glob(".*.tmp"):
                 tmp.unlink()
+            rundir.start(run_dir, cfg, resuming=t["resume"] and self.last.exists(), say=self.say)
         self.log = RunLog(run_dir, tensorboard=t["tensorboard"], enabled=world.main)
         if t["resume"] and self.last.exists():
             self.resume()
@@ -124,6 +126,7 @@ class Trainer:
         ck = checkpoint.load(self.last)
         checkpoint.check_training(ck, self.last)
         changed = checkpoint.check_compatible(ck, self.cfg, self.last)
+        check_resumable(ck, self.model, self.opt, self.last)
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.state = RunState.from_dict(ck["state"], ck["config"].get("train", self.t)["batch_size"])

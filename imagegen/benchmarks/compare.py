@@ -40,7 +40,7 @@ def run(cfg, evaluate):
     rows, models = [], []
     for p in cfg["checkpoints"]:           # bits/dim first: a mismatch stops before the timing
         path = Path(p)
-        ck = checkpoint.load(path)
+        ck = checkpoint.load(path, hint="checkpoints=[a.pt,b.pt,...]")
         result, source = current_eval(path, ck, cfg["split"], cfg["max_images"]), "json"
         if result is None:
             result, source = evaluate(path), "computed"

@@ -241,7 +241,7 @@ def test_export_errors_are_one_sentence(tmp_path):
         export_site(bad, tmp_path / "site")
     ck = tiny_checkpoint(tmp_path / "ck.pt")
     (tmp_path / "file").write_text("")
-    with pytest.raises(UserError, match="cannot write the site to .*pass out=DIR"):
+    with pytest.raises(UserError, match="could not write site .*pass out=DIR"):
         export_site(ck, tmp_path / "file" / "site")
     # through the console script: one line on stderr, no traceback
     proc = subprocess.run([sys.executable, "-m", "imagegen.export", f"checkpoint={bad}", f"out={tmp_path / 'site'}"],

@@ -92,8 +92,8 @@ def export(cfg):
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
     page_config(model, ck["config"]["data"]["name"])          # refuse what the page cannot run before reading data
-    return write_site(model, ck["config"]["data"]["name"], cfg["out"], test_images(ck, cfg["examples"], cfg.get("data")),
-                      cfg.get("overwrite", False))
+    examples = test_images(ck, cfg["examples"], cfg.get("data"))
+    return write_site(model, ck["config"]["data"]["name"], cfg["out"], examples, cfg.get("overwrite", False))
 
 
 def run_export(cfg, device):

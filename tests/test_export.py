@@ -193,8 +193,8 @@ def test_completion_keeps_the_top_half(browser, serve, tmp_path):
 def test_page_samples_a_grid_from_the_local_server_only(browser, serve, tmp_path, mnist_root):
     ck = tiny_checkpoint(tmp_path / "tiny.pt", data_root=mnist_root)
     site = export_site(ck, tmp_path / "site", examples=4)
-    assert sorted(p.name for p in site.iterdir()) == ["config.json", "examples.bin", "index.html", "model.safetensors",
-                                                      "page.js", "sampler.js", "worker.js"]
+    assert sorted(p.name for p in site.iterdir() if p.name != ".imagegen-files.json") == [
+        "config.json", "examples.bin", "index.html", "model.safetensors", "page.js", "sampler.js", "worker.js"]
     url = serve(site)
     page = open_page(browser, url + "?n=4&seed=5")
     page.wait_for_function("window.imagegen.status === 'done'", timeout=30_000)

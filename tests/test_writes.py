@@ -7,7 +7,6 @@ Full disks and read-only folders are real small tmpfs mounts where the machine a
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -308,7 +307,8 @@ def test_checkpoints_that_cannot_be_built_are_refused_before_allocating(tmp_path
         ck = torch.load(path, weights_only=True)
         ck["format"] = fmt
         torch.save(ck, path)
-    for cmd, extra in (("imagegen-eval", ["split=test"]), ("imagegen-sample", ["num_images=1", f"out={tmp_path}/x.png"]),
+    for cmd, extra in (("imagegen-eval", ["split=test"]),
+                       ("imagegen-sample", ["num_images=1", f"out={tmp_path}/x.png"]),
                        ("imagegen-export", [f"out={tmp_path / 'site'}"])):
         one_line_error(run(cmd, f"checkpoint={path}", *extra, check=False), pattern)
 

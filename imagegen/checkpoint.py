@@ -6,15 +6,14 @@ Everything read from a file is checked before use: required keys and types, a mo
 that fits the schema, floating-point finite weights; each failure is one sentence.
 """
 import math
-import os
-import uuid
 from pathlib import Path
 
 import torch
 
-from . import shipped
+from . import checkpoint_checks as checks, files, shipped
 from .data import dataset_info
 from .errors import UserError
+from .memory import available_bytes
 from .model import build_model
 from .precision import dtype_name
 
@@ -22,23 +21,10 @@ FORMAT = "imagegen/1"
 
 
 def save(path, payload):
-    """Write to a temporary file unique to this process in the same folder, fsync, then rename over
-    `path`. A failed write (disk full, read-only folder) removes the temporary file, leaves the
-    previous `path` intact and raises a UserError."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **payload}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        kept = " (the previous one is intact)" if path.exists() else ""
-        raise UserError(f"could not write checkpoint {path}{kept}: {e.strerror or e}; free space or fix the "
-                        f"folder's permissions, then run the same command again to resume.") from None
+    """Write through files.write_with (a temporary file in the same folder, fsync, rename over `path`):
+    a failed write (disk full, read-only folder) leaves the previous `path` intact and raises a UserError."""
+    files.write_with(path, lambda f: torch.save({"format": FORMAT, **payload}, f), "checkpoint",
+                     fix="free space or fix the folder's permissions, then run the same command again to resume")
 
 
 def eval_json(path, split):
@@ -48,19 +34,18 @@ def eval_json(path, split):
     return Path(f"{path.stem}.{split}.json") if shipped.is_shipped(path) else path.with_name(f"{path.stem}.{split}.json")
 
 
-def load(path):
+def load(path, hint="checkpoint=PATH"):
     """The checked checkpoint dict at `path` (model and config; see `check_training` for resuming):
-    a .pt file of imagegen-train, a .safetensors file with its .json, or a shipped model's name."""
+    a .pt file of imagegen-train, a .safetensors file with its .json, or a shipped model's name.
+    hint: how the command names its checkpoint option, for the sentence about a missing file."""
     path = shipped.resolve(path)
-    if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass checkpoint=PATH to a .pt file written by imagegen-train "
-                        f"or a .safetensors file, or the name of a shipped model ({', '.join(shipped.names()) or 'none installed'}).")
+    checks.check_path(path, hint)
     if path.suffix == ".safetensors":
         return check(shipped.read(path), path)
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, foreign objects: all unreadable to us
-        reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        reason = checks.load_reason(e)
         raise UserError(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason}); "
                         f"use another checkpoint, e.g. best.pt or last.pt from the run folder.") from None
     return check(ck, path)
@@ -68,6 +53,7 @@ def load(path):
 
 def check(ck, path):
     """The loaded dict `ck`, once its format tag, config and weights are checked."""
+    checks.check_format(ck, path, FORMAT)
     if not isinstance(ck, dict) or ck.get("format") != FORMAT or "model" not in ck or "config" not in ck:
         raise UserError(f"{path} is not an imagegen checkpoint (no '{FORMAT}' format tag); "
                         f"pass a checkpoint written by imagegen-train.")
@@ -75,6 +61,7 @@ def check(ck, path):
     check_weights(ck["model"], path)
     if "ema" in ck:
         check_weights(ck["ema"], path)
+    checks.check_buildable(ck["config"], ck["model"], path, available_bytes(torch.device("cpu")))
     return ck
 
 

@@ -97,6 +97,8 @@ class TrainOptions:
     tensorboard: Any = opt("auto", "TensorBoard event files in run_dir: auto (when the tensorboard package is "
                                    "installed), true or false")
     resume: bool = opt(True, "continue from run_dir/last.pt when it exists")
+    overwrite: bool = opt(False, "with resume=false, start over in a run_dir that holds checkpoints (the old run's "
+                                 "files are moved into run_dir/replaced-<time>/)")
     bf16: Any = opt("auto", "bfloat16 autocast: auto (where the hardware multiplies bfloat16 fast), true or false")
     progress: bool = opt(True, "show a progress bar (false: a one-line log every 30 s instead)")
 
@@ -164,6 +166,8 @@ class ExportConfig:
     examples: int = opt(8, "test images included for the completion mode (0: none; skipped if the data is missing)")
     guidance: Optional[float] = opt(None, "class-conditional models: the page's default classifier-free guidance (1: "
                                           "none); null: the model's recorded default, else 1")
+    overwrite: bool = opt(False, "replace files in out that the export did not write (a symlink is replaced, never "
+                                 "written through)")
     device: str = opt("cpu", "where the checkpoint is read (the page itself runs in the browser)")
     threads: int = opt(0, "CPU threads for torch (0: torch's default)")
     data: DataOverride = field(default_factory=lambda: DataOverride(download=False))

@@ -29,6 +29,11 @@ import torch
 from .errors import UserError
 from .memory import available_bytes
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; dead .part files stay
+    fcntl = None
+
 
 @dataclass(frozen=True)
 class DatasetInfo:
@@ -175,7 +180,8 @@ def load_mnist(root, train):
     missing = _mnist_missing(root, train)
     if missing:
         urls = " ".join(MNIST_URL + name for name in missing)
-        raise UserError(f"MNIST not found: {', '.join(missing)} missing from {raw_dir} (gzipped or not); "
+        raise UserError(f"MNIST not found: {', '.join(missing)} missing from {raw_dir} (gzipped or not)"
+                        f"{holds_other('mnist', root)}; "
                         f"pass data.download=true to fetch them, or download {urls} into {raw_dir} by hand, "
                         f"or point data.root at the folder holding MNIST/raw.")
     prefix = "train" if train else "t10k"
@@ -325,7 +331,8 @@ def load_cifar10(root, train):
     folder = Path(root) / "cifar-10-batches-py"
     paths = _cifar_paths(root, train)
     if not paths:
-        raise UserError(f"CIFAR-10 not found: expected {folder}/{'data_batch_1..5' if train else 'test_batch'}; "
+        raise UserError(f"CIFAR-10 not found: expected {folder}/{'data_batch_1..5' if train else 'test_batch'}"
+                        f"{holds_other('cifar10', root)}; "
                         f"pass data.download=true to fetch them, or download {CIFAR_URL + CIFAR_ARCHIVE} by hand "
                         f"and unpack it in {root}, or point data.root at the folder holding cifar-10-batches-py.")
     parts = [read_cifar_batch(p) for p in paths]
@@ -346,6 +353,34 @@ def _base_url(official, mirror):
     return base if base.endswith("/") else base + "/"
 
 
+def _lock_part(fd):
+    """A duplicate of a download's .part fd holding an flock on it until the file is renamed or
+    removed (released when its process dies, so that the next download knows the file is dead)."""
+    lock = os.dup(fd)
+    if fcntl is not None:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return lock
+
+
+def remove_dead_parts(dest):
+    """Remove the .part files of dest's earlier downloads whose process died (kill -9, power loss):
+    a .part file nobody holds an flock on. A download still running elsewhere keeps its file."""
+    if fcntl is None:
+        return
+    for part in Path(dest).parent.glob(f".{Path(dest).name}.*.part"):
+        try:
+            fd = os.open(part, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            part.unlink()
+        except OSError:
+            pass                           # held by a live download (BlockingIOError), or already gone
+        finally:
+            os.close(fd)
+
+
 def _fetch(url, dest, md5, what, root, urls, unpack=False):
     """Download url to dest through a unique temporary file in dest's folder, renamed only once its
     md5 matches; on any failure the temporary file is removed and nothing is left at dest.
@@ -354,17 +389,19 @@ def _fetch(url, dest, md5, what, root, urls, unpack=False):
     from tqdm import tqdm
     by_hand = (f"download {' '.join(urls)} by hand into {dest.parent}{' and unpack it there' if unpack else ''}, "
                f"or point data.root at a folder holding {'its contents' if unpack else 'them'}")
+    remove_dead_parts(dest)
     try:
         response = urllib.request.urlopen(url, timeout=60)
     except (OSError, ValueError) as e:  # URLError/HTTPError (offline, refused, 404), timeouts, a malformed URL
         reason = f"HTTP {e.code} {e.reason}" if isinstance(e, urllib.error.HTTPError) else getattr(e, "reason", e)
         raise UserError(f"{what} not found in {root} and {url} could not be downloaded ({reason}); "
                         f"{by_hand}.") from None
-    tmp = None
+    tmp = lock = None
     try:
         with response:
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+            lock = _lock_part(fd)
             total = int(response.headers.get("Content-Length") or 0) or None
             got = 0
             with os.fdopen(fd, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=dest.name) as bar:
@@ -389,6 +426,8 @@ def _fetch(url, dest, md5, what, root, urls, unpack=False):
     finally:
         if tmp is not None:
             os.unlink(tmp)
+        if lock is not None:
+            os.close(lock)
 
 
 def _extract_cifar(archive, root):
@@ -413,6 +452,16 @@ def _extract_cifar(archive, root):
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
+def holds_other(name, root):
+    """" (which holds MNIST files, not CIFAR-10)" when root holds the other dataset's files but none of
+    `name`'s (a data.root pointing at the wrong dataset), else ""."""
+    has = {"mnist": not all(_mnist_missing(root, t) for t in (True, False)),
+           "cifar10": not all(_cifar_absent(root, t) for t in (True, False))}
+    other = "cifar10" if name == "mnist" else "mnist"
+    label = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
+    return f" (which holds {label[other]} files, not {label[name]})" if has[other] and not has[name] else ""
+
+
 def download(name, root, mirror=None, splits=("train", "test")):
     """Fetch the official files that the given splits need and that are missing under root,
     each checked by its md5 before a reader can see it. mirror (or $IMAGEGEN_DATA_MIRROR) replaces
@@ -421,17 +470,21 @@ def download(name, root, mirror=None, splits=("train", "test")):
     _check_root(root)
     root = Path(root)
     train_files = sorted({split != "test" for split in splits})
+    where = f"{root}{holds_other(name, root)}"                  # root as the error sentences name it
+    if where != str(root):
+        print(f"note: data.root {where}: {name} is fetched into it; pass data.root=... naming the {name} "
+              f"folder if that is not what you want.")
     if name == "mnist":
         base = _base_url(MNIST_URL, mirror)
         missing = [f for t in train_files for f in _mnist_missing(root, t)]
         for i, fname in enumerate(missing):
-            _fetch(base + fname, root / "MNIST" / "raw" / fname, MNIST_FILES[fname], "MNIST", root,
+            _fetch(base + fname, root / "MNIST" / "raw" / fname, MNIST_FILES[fname], "MNIST", where,
                    [base + f for f in missing[i:]])
     elif any(_cifar_absent(root, t) for t in train_files):
         archive = root / CIFAR_ARCHIVE
         if not (os.path.exists(archive) and _md5(archive) == CIFAR_MD5):
             url = _base_url(CIFAR_URL, mirror) + CIFAR_ARCHIVE
-            _fetch(url, archive, CIFAR_MD5, "CIFAR-10", root, [url], unpack=True)
+            _fetch(url, archive, CIFAR_MD5, "CIFAR-10", where, [url], unpack=True)
         _extract_cifar(archive, root)
         os.unlink(archive)
 

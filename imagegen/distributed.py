@@ -6,6 +6,7 @@ CUDA, gloo on the CPU) with a bounded collective timeout, so that when one rank 
 stop with one sentence instead of waiting forever, and `teardown` ends it while Python is fully
 alive. Without torchrun it is a world of one and every call below is a no-op.
 """
+import importlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import UserError
+from .signals import watch_parent
 
 TIMEOUT_S = float(os.environ.get("IMAGEGEN_DIST_TIMEOUT", "300"))   # a collective waiting longer: a rank died
 
@@ -53,6 +55,7 @@ def setup(device):
     world = from_env()
     if not world.distributed:
         return world, device
+    watch_parent()                  # the launcher's death stops this rank as SIGTERM would
     if device.type == "cuda":
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
@@ -63,7 +66,8 @@ def setup(device):
         # interpreter exit, where a thread still releasing a finished collective's tensor needs the
         # GIL and aborts the process ("terminate called without an active exception", ~1 run in 4 of
         # a small repro). Imported first, the defaults hold None and teardown joins gloo's threads.
-        import torch.distributed.nn  # noqa: F401
+        importlib.import_module("torch.distributed.nn")   # not `import torch.distributed.nn`: that binds a local
+                                                           # `torch` and breaks torch.device above on CUDA
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
     return World(world.rank, world.size, world.local_rank, str(device)), device
 

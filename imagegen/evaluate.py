@@ -12,6 +12,7 @@ from . import checkpoint, distributed, shipped
 from .cli import hydra_entry
 from .config import check_eval
 from .data import load_from_config
+from .files import write_bytes
 from .precision import autocast, dtype_name, resolve_precision, slow_bf16_note
 from .scoring import LN2, total_nll
 
@@ -58,7 +59,7 @@ def evaluate_on(cfg, device, world):
     if not world.main:
         return result
     out = checkpoint.eval_json(path, cfg["split"])
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_bytes(out, (json.dumps(result, indent=2) + "\n").encode(), "result")
     given = "" if not model.num_classes else (", each given its label" if labels is not None else ", without labels")
     print(f"{len(x)} {cfg['split']} images{given}, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
           f"wrote {out}")

@@ -11,7 +11,6 @@ The safetensors file is written here (a dozen lines) rather than with the `safet
 format is that simple and the page reads it with as little code, so no runtime dependency is added.
 """
 import json
-import shutil
 import struct
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from . import checkpoint, shipped
 from .cli import hydra_entry
 from .data import dataset_info, load_from_config
 from .errors import UserError
+from .files import write_folder
 from .model import START
 from .ops import EPS
 
@@ -78,27 +78,22 @@ def test_images(ck, count, overrides):
     return images[:count]
 
 
-def write_site(model, dataset, out, examples=None, guidance=1.0):
+def write_site(model, dataset, out, examples=None, guidance=1.0, overwrite=False):
     """Write the site for `model` (a PixelTransformer with linear attention) of `dataset` into
     folder `out`, with examples (n, D) uint8 or None and the page's default guidance; returns
-    {file name: bytes written}."""
-    out = Path(out)
+    {file name: bytes written}. The site is built beside `out` and swapped in (files.write_folder):
+    a failure leaves `out` as it was, and files there that the export did not write are replaced
+    only with overwrite=True."""
     config = page_config(model, dataset, guidance)
     config["examples"] = 0 if examples is None else len(examples)
-    files = {"model.safetensors": safetensors_bytes(model.state_dict()),
-             "config.json": (json.dumps(config, indent=1) + "\n").encode()}
+    files = {name: (WEB_DIR / name).read_bytes() for name in PAGE_FILES}
+    files["model.safetensors"] = safetensors_bytes(model.state_dict())
+    files["config.json"] = (json.dumps(config, indent=1) + "\n").encode()
     if examples is not None:
         files["examples.bin"] = np.ascontiguousarray(examples.numpy(), dtype=np.uint8).tobytes()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in PAGE_FILES:
-            shutil.copyfile(WEB_DIR / name, out / name)
-        for name, data in files.items():
-            (out / name).write_bytes(data)
-    except OSError as e:
-        raise UserError(f"cannot write the site to {out} ({e.strerror or e}); pass out=DIR naming a folder "
-                        f"you can write to.") from None
-    return {**{name: (WEB_DIR / name).stat().st_size for name in PAGE_FILES}, **{k: len(v) for k, v in files.items()}}
+    return write_folder(out, files, "site", overwrite,
+                        fix="free space or fix the folder's permissions, or pass out=DIR naming a folder you can "
+                            "write to")
 
 
 def export(cfg):
@@ -111,8 +106,8 @@ def export(cfg):
     if guidance < 0:
         raise UserError(f"guidance must be >= 0 (got {guidance}); 1 samples the plain conditional distribution.")
     page_config(model, ck["config"]["data"]["name"])          # refuse what the page cannot run before reading data
-    return write_site(model, ck["config"]["data"]["name"], cfg["out"], test_images(ck, cfg["examples"], cfg.get("data")),
-                      guidance)
+    examples = test_images(ck, cfg["examples"], cfg.get("data"))
+    return write_site(model, ck["config"]["data"]["name"], cfg["out"], examples, guidance, cfg.get("overwrite", False))
 
 
 def run_export(cfg, device):

@@ -2,13 +2,13 @@
 (optional, so `tensorboard --logdir checkpoints` shows every run), sample grids as PNG."""
 import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from .errors import UserError
+from .files import write_bytes
 
 
 def tensorboard_writer_class(setting):
@@ -37,10 +37,9 @@ def tb_tag(key):
     return f"val/{key[4:]}" if key.startswith("val_") else f"train/{key}"
 
 
-def atomic_write(path, data):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def atomic_write(path, data, what="file"):
+    """Write bytes through files.write_bytes (temporary file, fsync, rename; one sentence on failure)."""
+    return write_bytes(path, data, what)
 
 
 class RunLog:
@@ -103,7 +102,7 @@ class RunLog:
         path = folder / f"step_{step:06d}.png"
         png = io.BytesIO()
         Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image).save(png, format="PNG")
-        atomic_write(path, png.getvalue())
+        atomic_write(path, png.getvalue(), "sample grid")
         writer = self._tb()
         if writer is not None:
             writer.add_image(tag, np.repeat(image, 3, axis=2) if image.shape[2] == 1 else image, step,
@@ -132,7 +131,7 @@ class RunLog:
                 if isinstance(row, dict) and not (isinstance(row.get("step"), (int, float)) and row["step"] > step):
                     kept.append(line + "\n")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.metrics_path, "".join(kept).encode())
+        atomic_write(self.metrics_path, "".join(kept).encode(), "metrics")
         self._purge_step = step + 1
         self.event(step, "resume")
 

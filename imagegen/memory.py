@@ -47,3 +47,39 @@ def check_batch_fits(model, batch, sampler, device, key="batch_size"):
         fits = max(1, int(batch * free / need))
         raise UserError(f"{key}={batch} would need about {need / 2**30:.1f} GiB for sampling, more than the "
                         f"{free / 2**30:.1f} GiB free; lower {key} (about {fits} fits).")
+
+
+def output_bytes(info, images, tiles, nrow, scale, prefix=0, pad=2):
+    """Rough peak bytes of a sampling request's outputs on the CPU: the sampled (images, D) uint8
+    sequences (and the completion prefixes, `prefix` sub-pixels each), the tiles laid out for the
+    grid, and the grid itself (canvas, PIL copy, upscaled copy)."""
+    D = info.length
+    ncol = min(nrow, tiles)
+    rows = -(-tiles // ncol)
+    canvas = (rows * (info.height + pad) + pad) * (ncol * (info.width + pad) + pad) * info.channels
+    laid_out = 2 * tiles * D if tiles != images else 0             # completion rows: copies and concatenation
+    return 2 * images * D + images * prefix + laid_out + canvas * (2 + scale * scale)
+
+
+def check_request_fits(cfg, info, key="num_images"):
+    """UserError, before the first batch, when the outputs of an imagegen-sample request (cfg: its
+    config) would take more than 80% of the free CPU memory; it names the largest request that fits."""
+    if cfg["mode"] == "complete":
+        images, k = cfg["num_originals"] * cfg["completions"], cfg["completions"]
+        tiles, nrow, prefix = cfg["num_originals"] * (k + 2), k + 2, info.length // 2
+        asked = f"num_originals={cfg['num_originals']} x completions={k} = {images:,} completions"
+    else:
+        images = tiles = cfg["num_images"]
+        nrow, prefix, asked = cfg["nrow"], 0, f"{key}={images:,} images"
+    need = output_bytes(info, images, tiles, nrow, cfg["scale"], prefix)
+    free = 0.8 * available_bytes(torch.device("cpu"))
+    if need <= free:
+        return
+    fits = max(0, int(images * free / need))
+    if cfg["mode"] == "complete":
+        hint = (f"at most about {fits:,} completions fit, e.g. num_originals={max(1, fits // k):,} with "
+                f"completions={k}" if fits >= k else f"at most about {fits:,} completions fit")
+    else:
+        hint = f"at most about {fits:,} fit at scale={cfg['scale']}"
+    raise UserError(f"{asked} would need about {need / 2**30:.1f} GiB for the images and the grid, more than the "
+                    f"{free / 2**30:.1f} GiB of free memory; ask for fewer ({hint}), or a lower scale.")

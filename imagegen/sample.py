@@ -8,6 +8,8 @@ from . import checkpoint, shipped
 from .cli import hydra_entry
 from .config import check_sample
 from .data import dataset_info, load_from_config
+from .files import write_image
+from .memory import check_request_fits
 from .ops.kernel import prebuilt_only
 from .precision import dtype_name, resolve_precision, slow_bf16_note
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
@@ -37,6 +39,7 @@ def run_sample(cfg, device):
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     info = dataset_info(ck["config"]["data"])
+    check_request_fits(cfg, info)
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
     dtype = resolve_precision(cfg["precision"], device)
@@ -64,12 +67,12 @@ def run_sample(cfg, device):
         images = completion_rows(to_images(originals, info), completions, keep)
         nrow = k + 2
     seconds = time.perf_counter() - start
-    grid(images, nrow=nrow, scale=cfg["scale"]).save(out)
+    write_image(out, grid(images, nrow=nrow, scale=cfg["scale"]), "sample grid")
     if cfg["save_each"]:
         folder = out.with_suffix("")
         folder.mkdir(exist_ok=True)
         for i, img in enumerate(to_images(seqs, info)):
-            grid(img[None], nrow=1, scale=cfg["scale"], pad=0).save(folder / f"{i:04d}.png")
+            write_image(folder / f"{i:04d}.png", grid(img[None], nrow=1, scale=cfg["scale"], pad=0), "sample")
     print(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
     conditioning = ""
     if model.num_classes:

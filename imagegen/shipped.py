@@ -88,29 +88,20 @@ def shippable_config(config):
 
 
 def write(stem, config, state_dict, record):
-    """Write STEM.safetensors and STEM.json (each through a temporary file and a rename); returns the two paths."""
+    """Write STEM.safetensors and STEM.json (each atomically, through files.write_bytes); returns the two paths."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from .checkpoint import FORMAT
+    from .files import write_bytes
 
     stem = Path(stem)
     weights, meta = stem.with_suffix(".safetensors"), stem.with_suffix(".json")
     tensors = {k: v.detach().to(torch.float32).contiguous().cpu() for k, v in state_dict.items()}
     text = json.dumps({"format": FORMAT, "config": shippable_config(config), "record": record}, indent=1) + "\n"
-    try:
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        for target, write_to in ((weights, lambda p: save_file(tensors, str(p))),
-                                 (meta, lambda p: Path(p).write_text(text))):
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            try:
-                write_to(tmp)
-                os.replace(tmp, target)
-            finally:
-                tmp.unlink(missing_ok=True)
-    except (OSError, RuntimeError) as e:
-        raise UserError(f"could not write {stem}.safetensors/.json ({getattr(e, 'strerror', None) or e}); free "
-                        f"space or choose another out=...") from None
+    fix = "free space or choose another out=..."
+    write_bytes(weights, save(tensors), "weights", fix)
+    write_bytes(meta, text.encode(), "config", fix)
     return weights, meta
 
 

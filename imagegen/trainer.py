@@ -14,8 +14,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, rundir
 from .allocator import keep_freed_memory
+from .checkpoint_checks import check_resumable
 from .config import check_train
 from .data import dataset_info, load_from_config
 from .errors import UserError
@@ -112,6 +113,7 @@ class Trainer:
         if world.main:                       # we hold the run_dir: temporary files there are a dead run's
             for tmp in run_dir.glob(".*.tmp"):
                 tmp.unlink()
+            rundir.start(run_dir, cfg, resuming=t["resume"] and self.last.exists(), say=self.say)
         self.log = RunLog(run_dir, tensorboard=t["tensorboard"], enabled=world.main)
         if t["resume"] and self.last.exists():
             self.resume()
@@ -133,6 +135,7 @@ class Trainer:
         ck = checkpoint.load(self.last)
         checkpoint.check_training(ck, self.last)
         changed = checkpoint.check_compatible(ck, self.cfg, self.last)
+        check_resumable(ck, self.model, self.opt, self.last)
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         if self.ema is not None:             # a run that turns the average on starts it from the weights

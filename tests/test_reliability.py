@@ -199,7 +199,7 @@ def test_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         f.write(b"x" * 1000)
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(torch, "save", full)
-    with pytest.raises(UserError, match="could not write checkpoint .* \\(the previous one is intact\\): "
+    with pytest.raises(UserError, match="could not write checkpoint .* \\(the previous checkpoint is intact\\): "
                                         "No space left on device"):
         checkpoint.save(path, {"config": {}, "model": {}})
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["last.pt"]

@@ -6,7 +6,6 @@ Every row's bits/dim is over the same images: an evaluation JSON beside a checkp
 only when it was written for that very checkpoint (modification time and step), on the same
 split and with the same max_images; rows over different image counts are refused."""
 import json
-from pathlib import Path
 
 from .. import checkpoint, shipped
 from ..data import dataset_info
@@ -61,7 +60,7 @@ def run(cfg, evaluate):
     rows, models = [], []
     for p in cfg["checkpoints"]:           # bits/dim first: a mismatch stops before the timing
         path = shipped.resolve(p)
-        ck = checkpoint.load(path)
+        ck = checkpoint.load(path, hint="checkpoints=[a.pt,b.pt,...]")
         result, source = current_eval(path, ck, cfg["split"], cfg["max_images"]), "json"
         if result is None:
             result, source = evaluate(path), "computed"

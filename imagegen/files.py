@@ -1,0 +1,225 @@
+"""Every file the program writes goes through here, so that every command loses nothing the same way.
+
+A write goes to a temporary file of its own in the target's folder (created exclusively, so never
+through a link someone placed there), is flushed and fsynced, then renamed over the target. The
+rename replaces the target's directory entry: a symlink standing where the file goes is replaced
+by the new file, never written through, so nothing outside the folder changes. Any failure
+removes the temporary file and leaves the previous file as it was; it is raised as one UserError
+sentence naming the path, what was kept and the reason: OSError (ENOSPC, EROFS, EACCES, ...) and
+the RuntimeError of torch's zip writer (a full disk seen from torch.save) alike.
+
+  write_bytes(path, data, what)        data: bytes
+  write_with(path, writer, what)       writer(f) writes into the binary file object f
+  write_image(path, image, what)       image: a PIL image, written as PNG
+  write_folder(out, files, what, overwrite)   a folder of files, built beside `out` and swapped in
+  write_error(path, e, kept, what)     the UserError for a failed write (also for folders: export)
+  TMP_GLOB                             the temporary files' pattern; a run dir's dead ones are removed
+"""
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from .errors import UserError
+
+TMP_GLOB = ".*.tmp"
+FIX = "free space or fix the folder's permissions, then run the same command again"
+# Texts of the RuntimeErrors torch's zip writer (PyTorchStreamWriter, inline_container.cc) raises
+# when the file cannot be written; any other RuntimeError is a bug and is raised as it is.
+TORCH_WRITE_ERRORS = ("inline_container", "pytorchstreamwriter", "unexpected pos", "file write failed")
+
+
+def tmp_path(path):
+    """A temporary name unique to this process and call, in `path`'s folder, matching TMP_GLOB."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def is_write_error(e):
+    return isinstance(e, OSError) or (isinstance(e, RuntimeError)
+                                      and any(w in str(e).lower() for w in TORCH_WRITE_ERRORS))
+
+
+def reason(e, folder=None):
+    """A failed write's cause in a few words: the OS's text, or for torch's zip writer (whose message
+    names no cause) the disk's state when it is full."""
+    if isinstance(e, OSError):
+        return e.strerror or str(e) or type(e).__name__
+    if folder is not None:
+        try:
+            st = os.statvfs(folder)
+            if st.f_bavail * st.f_frsize < (1 << 20):
+                return "No space left on device"
+        except OSError:
+            pass
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"torch could not write the file: {first[:100]}"
+
+
+def write_error(path, e, kept, what="file", fix=FIX):
+    """The one-sentence UserError for a failed write of `what` at `path`; kept: what stayed as it was."""
+    return UserError(f"could not write {what} {path} ({kept}): {reason(e, Path(path).parent)}; {fix}.")
+
+
+def kept_note(path, what="file"):
+    return f"the previous {what} is intact" if os.path.lexists(path) else "nothing was written there"
+
+
+def fsync_folder(folder):
+    """Make a rename in `folder` durable (best effort: some file systems refuse fsync on folders)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_with(path, writer, what="file", fix=FIX):
+    """Write `path` atomically with writer(f) (f a binary file object); see the module docstring."""
+    path = Path(path)
+    tmp = tmp_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir() and not path.is_symlink():
+            raise IsADirectoryError(21, "a folder of that name stands there")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as f:
+            writer(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if is_write_error(e):
+            raise write_error(path, e, kept_note(path, what), what, fix) from None
+        raise
+    fsync_folder(path.parent)
+    return path
+
+
+def write_bytes(path, data, what="file", fix=FIX):
+    """Write `data` (bytes) to `path` atomically; see the module docstring."""
+    return write_with(path, lambda f: f.write(data), what, fix)
+
+
+def write_image(path, image, what="image", fix=FIX):
+    """Write a PIL image as PNG to `path` atomically (never a 0-byte PNG after a full disk)."""
+    return write_with(path, lambda f: image.save(f, format="PNG"), what, fix)
+
+
+MANIFEST = ".imagegen-files.json"     # in a folder written by write_folder: {"files": {name: sha256}}
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def written_before(out):
+    """{name: sha256} of the files an earlier write_folder put in `out` (empty when none or unreadable)."""
+    try:
+        record = json.loads((Path(out) / MANIFEST).read_text())
+        return {k: v for k, v in record["files"].items() if isinstance(k, str) and isinstance(v, str)
+                and "/" not in k and k not in (".", "..")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def check_replaceable(out, files, what, overwrite):
+    """Refuse (UserError, nothing written) when `out` holds, under a name in `files`, a folder, or a
+    file that write_folder did not write there or that changed since (unless `overwrite`); a symlink
+    counts as not ours and is replaced, never written through."""
+    owned = written_before(out)
+    folders, foreign = [], []
+    for name, data in sorted(files.items()):
+        p = out / name
+        if not os.path.lexists(p):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            folders.append(name)
+        elif p.is_symlink() or not p.is_file():
+            foreign.append(name)
+        elif owned.get(name) != sha256(p) and hashlib.sha256(data).hexdigest() != sha256(p):
+            foreign.append(name)
+    if folders:
+        raise UserError(f"{out} holds a folder named {', '.join(folders)} where the {what} writes a file; move it "
+                        f"away or choose another out=... (nothing was written).")
+    if foreign and not overwrite:
+        raise UserError(f"{out} holds {', '.join(foreign)}, which imagegen did not write there or which changed "
+                        f"since; pass overwrite=true to replace them (a symlink is replaced, never written "
+                        f"through), or choose another out=... (nothing was written).")
+    return owned
+
+
+def write_folder(out, files, what="site", overwrite=False, fix=FIX):
+    """Write {name: bytes} as the files of folder `out`: built in a temporary folder beside `out`,
+    then swapped in (a new `out`: one rename; an `out` holding only what write_folder wrote: the
+    old folder renamed aside, the new one renamed in, the old one removed; an `out` also holding
+    other files: one rename per file, those other files left alone). Files it wrote before and no
+    longer writes are removed. Refuses what `check_replaceable` refuses. A failure while building
+    leaves `out` as it was (one UserError sentence). Returns {name: bytes written}."""
+    out = Path(out)
+    if os.path.lexists(out) and not out.is_dir():
+        raise UserError(f"out {out} is a file, not a folder; choose another out=... (nothing was written).")
+    owned = check_replaceable(out, files, what, overwrite) if out.is_dir() else {}
+    record = {"files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+    all_files = {**files, MANIFEST: (json.dumps(record, indent=1) + "\n").encode()}
+    stage = aside = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(stage, 0o777 & ~mask)
+        for name, data in all_files.items():
+            fd = os.open(stage / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        fsync_folder(stage)
+        if not os.path.lexists(out):
+            os.rename(stage, out)
+            stage = None
+        elif not out.is_symlink() and set(os.listdir(out)) <= set(all_files) | set(owned):
+            aside = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old.", suffix=".tmp"))
+            os.rename(out, aside / "site")
+            try:
+                os.rename(stage, out)
+                stage = None
+            except BaseException:
+                os.rename(aside / "site", out)
+                raise
+        else:
+            for name in all_files:
+                os.replace(stage / name, out / name)
+            for name, digest in owned.items():
+                p = out / name
+                if name not in all_files and p.is_file() and not p.is_symlink() and sha256(p) == digest:
+                    p.unlink()
+        fsync_folder(out.parent)
+    except BaseException as e:
+        if is_write_error(e):
+            kept = ("nothing was written there" if not os.path.lexists(out)
+                    else f"the {what} there is as it was")
+            raise write_error(out, e, kept, what, fix) from None
+        raise
+    finally:
+        for folder in (stage, aside):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+    return {name: len(data) for name, data in files.items()}

@@ -167,10 +167,13 @@ class Trainer:
     @torch.no_grad()
     def update_ema(self):
         """ema = d ema + (1 - d) weights, with d ramping up as (1 + step) / (10 + step) to train.ema, so
-        that the average does not start out dominated by the random initial weights."""
+        that the average does not start out dominated by the random initial weights; buffers (a feature
+        map's random draw) are copied, never averaged."""
         d = min(self.t["ema"], (1 + self.state.step) / (10 + self.state.step))
-        for avg, w in zip(self.ema.state_dict().values(), self.model.state_dict().values()):
-            avg.lerp_(w, 1 - d) if avg.is_floating_point() else avg.copy_(w)
+        for avg, w in zip(self.ema.parameters(), self.model.parameters()):
+            avg.lerp_(w, 1 - d)
+        for kept, b in zip(self.ema.buffers(), self.model.buffers()):    # a feature map's random draw: the current one
+            kept.copy_(b)
 
     def labels(self, idx):
         """This rank's labels (N,) for a class-conditional model, each dropped (-1) with probability

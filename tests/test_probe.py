@@ -14,7 +14,9 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(autouse=True)
 def probes_on(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    from torch.utils.cpp_extension import get_default_build_root
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", get_default_build_root())   # torch's root follows XDG_CACHE_HOME:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))         # keep the kernel's build where it is
     monkeypatch.delenv("IMAGEGEN_PROBE", raising=False)
     monkeypatch.delenv("IMAGEGEN_PRECISION_PROBE", raising=False)
     monkeypatch.setattr(probe, "_verdicts", {})

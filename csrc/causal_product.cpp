@@ -251,9 +251,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
 // exp(x) for x <= 0 on one vector of floats (Cephes expf: range reduction to |r| <= ln2/2,
 // degree-7 polynomial, 2^n through the exponent bits); relative error < 2e-7, down to
 // x = -87 (below, the result is clamped near 1.6e-38).
-typedef int32_t vec_i32 __attribute__((vector_size(64)));
-inline __attribute__((always_inline)) vec_t<float> exp_nonpositive(vec_t<float> x) {
-  using V = vec_t<float>;
+// On the sweep vector (CP_SWEEP_BYTES): GCC lowered the 64-byte selects to scalar code on AVX2.
+typedef int32_t vec_i32 __attribute__((vector_size(CP_SWEEP_BYTES)));
+inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float> x) {
+  using V = svec_t<float>;
   x = x < -87.0f ? V{} - 87.0f : x;
   const vec_i32 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vec_i32);  // round(x / ln2), x <= 0
   const V nf = __builtin_convertvector(n, V);
@@ -271,11 +272,11 @@ inline __attribute__((always_inline)) vec_t<float> exp_nonpositive(vec_t<float> 
 // y[0, D) = phi(x[0, D)) = elu(x) + 1, y[D, Dp) = 0; y holds padded(D) values; x may be bfloat16.
 template <typename S>
 inline __attribute__((always_inline)) void phi_row(const S* x, float* y, int64_t D) {
-  using V = vec_t<float>;
+  using V = svec_t<float>;
   convert_row(x, y, D);
-  for (int64_t i = 0; i < D; i += kBlock<float>) {
-    const V u = load(y + i);
-    store(y + i, u > 0.0f ? u + 1.0f : exp_nonpositive(u > 0.0f ? V{} : u));
+  for (int64_t i = 0; i < D; i += kSweep<float>) {
+    const V u = sload(y + i);
+    sstore(y + i, u > 0.0f ? u + 1.0f : exp_nonpositive(u > 0.0f ? V{} : u));
   }
   std::fill(y + D, y + padded<float>(D), 0.0f);
 }
@@ -347,7 +348,8 @@ template <typename S, typename T>
 inline __attribute__((always_inline)) void grad_through_phi(const T* __restrict__ grad_feature,
                                                             const T* __restrict__ feature, S* __restrict__ dst,
                                                             int64_t E) {
-  for (int64_t e = 0; e < E; ++e) dst[e] = static_cast<S>(grad_feature[e] * std::min(feature[e], T(1)));
+  // (a select, not std::min: in the target_clones entry points GCC called std::min out of line per value)
+  for (int64_t e = 0; e < E; ++e) dst[e] = static_cast<S>(grad_feature[e] * (feature[e] < T(1) ? feature[e] : T(1)));
 }
 
 // Backward of one (n, h) pair from g = dLoss/dout. With gn_t = g_t inv_t and
@@ -374,13 +376,10 @@ inline __attribute__((always_inline)) void attention_backward_head(
     phi_row(q[t], QF + t * Ep, E);
     phi_row(k[t], KF + t * Ep, E);
     convert_row(v[t], VF + t * Mp, M);
-    T s = 0;
-    for (int64_t m = 0; m < M; ++m) {
-      gn[m] = static_cast<T>(g[t][m]) * inv[t];
-      s += gn[m] * static_cast<T>(out[t][m]);
-    }
+    for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
     std::fill(gn + M, gn + Mp, T(0));
-    gd[t] = -s;
+    convert_row(out[t], o, M);      // o: scratch here, zero-padded above; a vector dot, not a scalar chain
+    gd[t] = -dot(gn, o, Mp);
   }
   const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
   T *acc_s[kSteps], *o_s[kSteps];

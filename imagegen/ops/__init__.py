@@ -22,7 +22,7 @@ from .. import probe
 from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
                             causal_product_reference)
 from .kernel import (causal_product_kernel, decode_step, fused_state, fused_step, kernel_error, kernel_unsupported,
-                     linear_attention_kernel)
+                     linear_attention_kernel, load_kernel)
 from .triton_linear import linear_attention_triton, triton_error, triton_step, triton_unsupported
 
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "triton", "auto")
@@ -101,8 +101,9 @@ def cpu_verdict(L, E, M, dtype, fused, needs_grad):
     sequences of about L positions and dtype, forward+backward (needs_grad) or forward; fused: the
     model's `linear_attention`, else the bare numerator. None when probes are off."""
     Lp = probe_length(L)
+    build = load_kernel("cpu").__name__.rsplit("_", 1)[-1]      # another kernel source is another verdict
     name = (f"impl-{'attention' if fused else 'numerator'}-{'fwd_bwd' if needs_grad else 'fwd'}:"
-            f"{str(dtype).replace('torch.', '')}:L{Lp}:E{E}:M{M}")
+            f"{str(dtype).replace('torch.', '')}:L{Lp}:E{E}:M{M}:kernel-{build}")
     return probe.decide(name, lambda: time_impls(Lp, E, M, dtype, fused, needs_grad))
 
 

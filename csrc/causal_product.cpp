@@ -12,8 +12,9 @@
 // (grad_q_t = S_t g_t, grad_k_t = S'_t v_t, grad_v_t = S'_t^T k_t; keeping S'^T for grad_k
 // turns its read-out into row accumulations like the others, with no horizontal sums.)
 // Parallel over N * H; memory O(L (E + M)) plus one state per thread, never L x E x M.
-// The state's columns are processed in blocks of one 64-byte SIMD vector (16 floats or 8
-// doubles; C zero-padded to a multiple), the output block accumulating in a register over D.
+// The state's columns are zero-padded to a multiple of one 64-byte SIMD vector (16 floats or 8
+// doubles) and processed in blocks of one (AVX-512) or half of one (AVX2 and older: see
+// CP_SWEEP_BYTES), the output block accumulating in a register over D.
 //
 // The second half is the whole normalised attention of the model, fused (attention_forward /
 // attention_backward): phi(x) = elu(x) + 1 applied to raw q, k inside the sweeps, the
@@ -73,6 +74,26 @@ inline __attribute__((always_inline)) void store(T* p, vec_t<T> x) { __builtin_m
 template <typename T>
 constexpr int64_t padded(int64_t n) { return (n + kBlock<T> - 1) / kBlock<T> * kBlock<T>; }
 
+// The vector of the state sweeps below: one whole 64-byte vector where AVX-512 has 32 registers of
+// it; a 32-byte one otherwise, with one block of columns at a time. AVX2's 16 ymm registers cannot
+// hold kSteps x 2 blocks of 64-byte accumulators and inputs (32 ymm): GCC spilled them to the stack
+// at every step, and the sweeps ran several times slower than the chunked PyTorch form (issue 22).
+// Padding stays a multiple of kBlock (64 bytes), which is a multiple of either.
+#if defined(__AVX512F__)
+#define CP_SWEEP_BYTES 64
+constexpr int kSweepBlocks = 2;
+#else
+#define CP_SWEEP_BYTES 32
+constexpr int kSweepBlocks = 1;
+#endif
+template <typename T> struct SweepSimd { typedef T type __attribute__((vector_size(CP_SWEEP_BYTES))); };
+template <typename T> using svec_t = typename SweepSimd<T>::type;
+template <typename T> constexpr int64_t kSweep = sizeof(svec_t<T>) / sizeof(T);
+template <typename T>
+inline __attribute__((always_inline)) svec_t<T> sload(const T* p) { svec_t<T> x; __builtin_memcpy(&x, p, sizeof x); return x; }
+template <typename T>
+inline __attribute__((always_inline)) void sstore(T* p, svec_t<T> x) { __builtin_memcpy(p, &x, sizeof x); }
+
 // The state update and read-out of n consecutive steps s (in the order given):
 //   rows[r] += a[s][r] * b[s]   for r < R      (rows: R x Cp; b[s], out[s]: Cp, zero-padded)
 //   out[s]   = sum_r w[s][r] * rows[r]         (rows after step s's update)
@@ -83,34 +104,39 @@ template <typename T, int NB, int NT>
 inline __attribute__((always_inline)) void update_and_read_blocks(T* __restrict__ rows, const T* const* a,
                                                                   const T* const* b, const T* const* w,
                                                                   T* const* out, int64_t R, int64_t Cp) {
-  using V = vec_t<T>;
-  constexpr int64_t B = kBlock<T>;
+  using V = svec_t<T>;
+  constexpr int64_t B = kSweep<T>;
   V b_blk[NT][NB], acc[NT][NB];
-  for (int s = 0; s < NT; ++s)
+  const T* a_s[NT];
+  const T* w_s[NT];
+  for (int s = 0; s < NT; ++s) {
+    a_s[s] = a[s];
+    w_s[s] = w[s];
     for (int j = 0; j < NB; ++j) {
-      b_blk[s][j] = load(b[s] + j * B);
+      b_blk[s][j] = sload(b[s] + j * B);
       acc[s][j] = V{};
     }
+  }
   for (int64_t r = 0; r < R; ++r) {
     for (int j = 0; j < NB; ++j) {
       T* row = rows + r * Cp + j * B;
-      V x = load(row);
+      V x = sload(row);
       for (int s = 0; s < NT; ++s) {
-        x += a[s][r] * b_blk[s][j];
-        acc[s][j] += w[s][r] * x;
+        x += a_s[s][r] * b_blk[s][j];
+        acc[s][j] += w_s[s][r] * x;
       }
-      store(row, x);
+      sstore(row, x);
     }
   }
   for (int s = 0; s < NT; ++s)
-    for (int j = 0; j < NB; ++j) store(out[s] + j * B, acc[s][j]);
+    for (int j = 0; j < NB; ++j) sstore(out[s] + j * B, acc[s][j]);
 }
 
 template <typename T, int NT>
 inline __attribute__((always_inline)) void update_and_read_steps(T* rows, const T* const* a, const T* const* b,
                                                                  const T* const* w, T* const* out, int64_t R,
                                                                  int64_t Cp) {
-  constexpr int64_t B = kBlock<T>;
+  constexpr int64_t B = kSweep<T>;
   const T *b_c[NT];
   T* out_c[NT];
   for (int64_t c0 = 0; c0 < Cp;) {
@@ -118,9 +144,9 @@ inline __attribute__((always_inline)) void update_and_read_steps(T* rows, const 
       b_c[s] = b[s] + c0;
       out_c[s] = out[s] + c0;
     }
-    if (c0 + 2 * B <= Cp) {
-      update_and_read_blocks<T, 2, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
-      c0 += 2 * B;
+    if (kSweepBlocks >= 2 && c0 + 2 * B <= Cp) {
+      update_and_read_blocks<T, kSweepBlocks >= 2 ? 2 : 1, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
+      c0 += (kSweepBlocks >= 2 ? 2 : 1) * B;
     } else {
       update_and_read_blocks<T, 1, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
       c0 += B;
@@ -225,9 +251,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
 // exp(x) for x <= 0 on one vector of floats (Cephes expf: range reduction to |r| <= ln2/2,
 // degree-7 polynomial, 2^n through the exponent bits); relative error < 2e-7, down to
 // x = -87 (below, the result is clamped near 1.6e-38).
-typedef int32_t vec_i32 __attribute__((vector_size(64)));
-inline __attribute__((always_inline)) vec_t<float> exp_nonpositive(vec_t<float> x) {
-  using V = vec_t<float>;
+// On the sweep vector (CP_SWEEP_BYTES): GCC lowered the 64-byte selects to scalar code on AVX2.
+typedef int32_t vec_i32 __attribute__((vector_size(CP_SWEEP_BYTES)));
+inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float> x) {
+  using V = svec_t<float>;
   x = x < -87.0f ? V{} - 87.0f : x;
   const vec_i32 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vec_i32);  // round(x / ln2), x <= 0
   const V nf = __builtin_convertvector(n, V);
@@ -245,11 +272,11 @@ inline __attribute__((always_inline)) vec_t<float> exp_nonpositive(vec_t<float> 
 // y[0, D) = phi(x[0, D)) = elu(x) + 1, y[D, Dp) = 0; y holds padded(D) values; x may be bfloat16.
 template <typename S>
 inline __attribute__((always_inline)) void phi_row(const S* x, float* y, int64_t D) {
-  using V = vec_t<float>;
+  using V = svec_t<float>;
   convert_row(x, y, D);
-  for (int64_t i = 0; i < D; i += kBlock<float>) {
-    const V u = load(y + i);
-    store(y + i, u > 0.0f ? u + 1.0f : exp_nonpositive(u > 0.0f ? V{} : u));
+  for (int64_t i = 0; i < D; i += kSweep<float>) {
+    const V u = sload(y + i);
+    sstore(y + i, u > 0.0f ? u + 1.0f : exp_nonpositive(u > 0.0f ? V{} : u));
   }
   std::fill(y + D, y + padded<float>(D), 0.0f);
 }
@@ -321,7 +348,8 @@ template <typename S, typename T>
 inline __attribute__((always_inline)) void grad_through_phi(const T* __restrict__ grad_feature,
                                                             const T* __restrict__ feature, S* __restrict__ dst,
                                                             int64_t E) {
-  for (int64_t e = 0; e < E; ++e) dst[e] = static_cast<S>(grad_feature[e] * std::min(feature[e], T(1)));
+  // (a select, not std::min: in the target_clones entry points GCC called std::min out of line per value)
+  for (int64_t e = 0; e < E; ++e) dst[e] = static_cast<S>(grad_feature[e] * (feature[e] < T(1) ? feature[e] : T(1)));
 }
 
 // Backward of one (n, h) pair from g = dLoss/dout. With gn_t = g_t inv_t and
@@ -348,13 +376,10 @@ inline __attribute__((always_inline)) void attention_backward_head(
     phi_row(q[t], QF + t * Ep, E);
     phi_row(k[t], KF + t * Ep, E);
     convert_row(v[t], VF + t * Mp, M);
-    T s = 0;
-    for (int64_t m = 0; m < M; ++m) {
-      gn[m] = static_cast<T>(g[t][m]) * inv[t];
-      s += gn[m] * static_cast<T>(out[t][m]);
-    }
+    for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
     std::fill(gn + M, gn + Mp, T(0));
-    gd[t] = -s;
+    convert_row(out[t], o, M);      // o: scratch here, zero-padded above; a vector dot, not a scalar chain
+    gd[t] = -dot(gn, o, Mp);
   }
   const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
   T *acc_s[kSteps], *o_s[kSteps];

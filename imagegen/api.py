@@ -15,7 +15,7 @@ import torch
 from . import checkpoint, shipped
 from .data import dataset_info
 from .errors import UserError
-from .precision import resolve_precision
+from .precision import model_dims, resolve_precision
 from .sampling import generate, grid, resolve_sampler, to_images
 from .scoring import bits_per_dim
 
@@ -55,7 +55,8 @@ class Model:
         n = n if n is not None else (len(labels) if labels is not None and len(labels) > 1 else 16)
         seqs = generate(self.module, n, temperature=temperature, seed=seed, batch_size=batch_size,
                         labels=labels, guidance=self.guidance if guidance is None else guidance,
-                        dtype=resolve_precision(precision, self.device), progress=progress)
+                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch_size),
+                        progress=progress)
         return to_images(seqs, self.info)
 
     def complete(self, images, rows=None, n=1, labels=None, temperature=1.0, guidance=None, seed=0,
@@ -73,7 +74,8 @@ class Model:
             labels = labels.repeat_interleave(n)
         seqs = generate(self.module, len(prefix), prefix=prefix, temperature=temperature, seed=seed,
                         batch_size=batch_size, labels=labels, guidance=self.guidance if guidance is None else guidance,
-                        dtype=resolve_precision(precision, self.device))
+                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module),
+                                                batch=batch_size))
         return to_images(seqs, self.info).reshape(len(images), n, *images.shape[1:])
 
     def bits_per_dim(self, images, labels=None, batch_size=32):

@@ -16,6 +16,8 @@ MODES = ("attention", "train_step", "sampling", "compare", "browser")
 
 
 def task(c, device):
+    from .benchmarks.progress import apply_quick
+    c = apply_quick(c)                     # quick=true: about a minute on 2 cores
     out = Path(c["out_dir"])
     info = dataset_info(c["data"]["name"])
     from .benchmarks import report
@@ -47,8 +49,9 @@ def task(c, device):
         report.write_outputs(out, "compare", {"machine": report.machine(), **result}, md)
     elif c["mode"] in ("attention", "train_step"):
         from .benchmarks import attention
-        result, md = (attention.run_attention if c["mode"] == "attention" else attention.run_train_step)(c, device)
-        report.write_outputs(out, c["mode"], {"config": c, "machine": report.machine(), **result}, md)
+        run = attention.run_attention if c["mode"] == "attention" else attention.run_train_step
+        result, md = run(c, device, out_dir=out)             # rows written to out as they are measured
+        report.write_outputs(out, c["mode"], {"partial": False, "config": c, "machine": report.machine(), **result}, md)
     else:
         raise UserError(f"unknown mode {c['mode']!r}; choose one of {', '.join(MODES)}.")
 

@@ -195,6 +195,7 @@ class BenchConfig:
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")
     threads: int = opt(0, "CPU threads for torch (0: torch's default)")
     seed: int = opt(0, "seed of the random weights and inputs")
+    quick: bool = opt(False, "attention, train_step, sampling: a run of about a minute on 2 cores (fewer cases)")
     methods: List[str] = opt(["linear-recurrent", "softmax-kv-cache", "softmax-recompute", "lsh-recompute"],
                              "sampling: samplers to time")
     step_batches: List[int] = opt([1, 16, 64, 256], "sampling: batch sizes of the step samplers")

@@ -13,7 +13,7 @@ from .cli import hydra_entry
 from .config import check_eval
 from .data import load_from_config
 from .files import write_bytes
-from .precision import autocast, dtype_name, resolve_precision, slow_bf16_note
+from .precision import autocast, dtype_name, model_dims, resolve_precision, slow_bf16_note
 from .scoring import LN2, total_nll
 
 
@@ -38,7 +38,7 @@ def evaluate_on(cfg, device, world):
     labels = y if model.num_classes and cfg.get("labels", True) else None
     lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]
     draws = cfg["lsh_draws"] if lsh else 1
-    dtype = resolve_precision(cfg.get("precision", "float32"), device)
+    dtype = resolve_precision(cfg.get("precision", "float32"), device, dims=model_dims(model))  # auto: measured
     if world.main and (note := slow_bf16_note(dtype, device)):
         print(note)
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""bfloat16 where the hardware multiplies it fast: training autocast, sampling and evaluation.
+"""bfloat16 where it measures faster: training autocast, sampling and evaluation.
 
 Training (train.bf16): matrix products run in bfloat16 (float32 accumulation); parameters,
 optimizer state, the linear attention's sums (`imagegen.ops.linear_attention`) and the loss stay
@@ -10,14 +10,24 @@ CPU with AMX tiles or AVX512-BF16 (torch's CPU report, else the /proc/cpuinfo fl
 49152 x 256 x 1024 product takes 68 ms in bfloat16 against 211 ms in float32; on a Xeon with AMX
 45 against 162 ms. Without either, bfloat16 products are emulated: on an AMD EPYC with AVX2 only
 (family 25 model 1), 23.2 s against 235 ms (99x), and 109 against 1.3 ms at the decoding step's
-256 x 256 x 1024 (throwaway script, 2 threads, best of 5). So `auto` never picks bfloat16 there,
+256 x 256 x 1024 (throwaway script, 2 threads, best of 5). So the flags rule never picks bfloat16 there,
 asking for it says so (`slow_bf16_note`), and the benchmarks measure it only when named.
+
+But a flag does not say how fast a product runs: an AVX512-BF16 Xeon (family 6 model 207) multiplies
+bfloat16 slower than float32 (issue 22). So on the CPU `auto` decides by measurement where the caller
+names the shapes (`auto_bf16`): the products the path really runs, timed once per machine in float32
+and in bfloat16 by `imagegen.probe` (training: autocast Dense products forward and backward; evaluation:
+forward; sampling: the decoding step's products at the batch in use, prepacked or through the C++
+step's own loop, as the sampler runs them), cached in the user's cache folder, bfloat16 only when it is
+`probe.MARGIN` times faster. IMAGEGEN_PRECISION_PROBE=0 (or IMAGEGEN_PROBE=0) falls back to the flags
+rule. CUDA keeps its rule.
 """
 from contextlib import nullcontext
 from functools import lru_cache
 
 import torch
 
+from . import probe
 from .errors import UserError
 
 PRECISIONS = ("float32", "bfloat16", "auto")
@@ -79,20 +89,86 @@ def has_fast_bf16(device):
     return fast_bf16(device)[0]
 
 
-def use_bf16(setting, device, key="train.bf16"):
-    """The bf16 setting (auto, true or false) resolved for `device`."""
+PROBE_ROWS = 128       # rows of the training probe's products (the ratio, not the size, is what counts)
+
+
+def train_products(d_model, d_ff, backward=True):
+    """A probe's measure() for training (backward) or evaluation: Dense products x W1 -> W2 (D -> F -> D)
+    on PROBE_ROWS rows, forward (and backward), in float32 and under bfloat16 autocast."""
+    def measure():
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(PROBE_ROWS, d_model, generator=g).requires_grad_(backward)
+        w1 = (torch.randn(d_model, d_ff, generator=g) * 0.02).requires_grad_(backward)
+        w2 = (torch.randn(d_ff, d_model, generator=g) * 0.02).requires_grad_(backward)
+        b1, b2 = torch.zeros(d_ff), torch.zeros(d_model)
+
+        def run(bf16):
+            with torch.set_grad_enabled(backward), autocast(torch.device("cpu"), bf16):
+                y = torch.addmm(b2, torch.addmm(b1, x, w1), w2)
+            if backward:
+                torch.autograd.grad(y.float().sum(), (x, w1, w2))
+        return probe.best_ms(lambda: run(False), lambda: run(True))
+    return measure
+
+
+def decode_products(batch, d_model, d_ff):
+    """A probe's measure() for sampling: one decoding step's products at `batch` rows (D -> 3D, D -> D,
+    D -> F, F -> D) as the sampler runs them: float32 addmm, against bfloat16 weights prepacked for
+    the batch (`layers.pack`) or, below PACK_MIN_ROWS rows, the C++ step's own loop where it is built."""
+    def measure():
+        from .layers import PACK_MIN_ROWS, dense, pack
+        from .ops.kernel import kernel_error, load_kernel
+        g = torch.Generator().manual_seed(0)
+        shapes = [(d_model, 3 * d_model), (d_model, d_model), (d_model, d_ff), (d_ff, d_model)]
+        f32 = [((torch.randn(i, o, generator=g) * 0.02), torch.zeros(o)) for i, o in shapes]
+        bf16 = [(pack(w.to(torch.bfloat16), batch), b.to(torch.bfloat16)) for w, b in f32]
+        xs = [torch.randn(batch, i, generator=g) for i, _ in shapes]
+        own_loop = batch < PACK_MIN_ROWS and kernel_error("cpu") is None
+        product = load_kernel("cpu").decode_linear if own_loop else (lambda x, w, b: dense(x, (w, b)))
+
+        def run(weights, fn):
+            with torch.no_grad():
+                for x, (w, b) in zip(xs, weights):
+                    fn(x, w, b)
+        return probe.best_ms(lambda: run(f32, lambda x, w, b: torch.addmm(b, x, w)),
+                             lambda: run(bf16, product), rounds=7)
+    return measure
+
+
+def auto_bf16(device, dims=None, batch=None, backward=True):
+    """(bfloat16?, why) for an `auto` setting on `device`. On the CPU with dims = (d_model, d_ff) named
+    and probes on, by measurement (`imagegen.probe`): sampling's decoding products when `batch` is
+    given, else training's (backward) or evaluation's autocast products; otherwise the flags rule."""
+    if device.type == "cpu" and dims is not None:
+        D, F = (int(d) for d in dims)
+        if batch is not None:
+            verdict = probe.decide(f"bf16-decode:N{int(batch)}:D{D}:F{F}", decode_products(int(batch), D, F))
+        else:
+            verdict = probe.decide(f"bf16-{'train' if backward else 'eval'}:D{D}:F{F}",
+                                   train_products(D, F, backward))
+        if verdict is not None:
+            return verdict.chosen, (f"bfloat16 products measured {verdict.ratio:.2f}x float32's speed here, "
+                                    f"{'enough' if verdict.chosen else 'below'} the {probe.MARGIN:.2f}x asked "
+                                    f"({verdict.where()})")
+    fast, why = fast_bf16(device)
+    return fast, why
+
+
+def use_bf16(setting, device, key="train.bf16", dims=None):
+    """The bf16 setting (auto, true or false) resolved for `device`; dims (d_model, d_ff): see `auto_bf16`."""
     if setting == "auto":
-        return has_fast_bf16(device)
+        return auto_bf16(device, dims)[0]
     if isinstance(setting, bool):
         return setting
     raise UserError(f"{key} must be auto, true or false, not {setting!r}.")
 
 
-def bf16_reason(setting, device):
+def bf16_reason(setting, device, dims=None):
     """Which precision training runs in and why, for the training header."""
-    fast, why = fast_bf16(device)
     if setting == "auto":
+        fast, why = auto_bf16(device, dims)
         return f"{'bfloat16 autocast' if fast else 'float32'} (train.bf16=auto: {why})"
+    fast, why = fast_bf16(device)
     slow = f"; slow here: {why}, so bfloat16 products are emulated" if setting and not fast else ""
     return f"{'bfloat16 autocast' if setting else 'float32'} (train.bf16={str(setting).lower()}{slow})"
 
@@ -105,13 +181,25 @@ def slow_bf16_note(dtype, device):
     return f"note: bfloat16 is slow here ({why}): its products are emulated, many times slower than float32."
 
 
-def resolve_precision(setting, device, key="precision"):
-    """precision=float32|bfloat16|auto -> torch.float32 or torch.bfloat16 (auto: bfloat16 where fast)."""
+def resolve_precision(setting, device, key="precision", dims=None, batch=None):
+    """precision=float32|bfloat16|auto -> torch.float32 or torch.bfloat16 (auto: bfloat16 where faster;
+    dims (d_model, d_ff) and batch: the sampler's products to measure, see `auto_bf16`)."""
     if setting not in PRECISIONS:
         raise UserError(f"{key} must be one of {', '.join(PRECISIONS)}, not {setting!r}.")
     if setting == "auto":
-        setting = "bfloat16" if has_fast_bf16(device) else "float32"
+        setting = "bfloat16" if auto_bf16(device, dims, batch, backward=False)[0] else "float32"
     return torch.bfloat16 if setting == "bfloat16" else torch.float32
+
+
+def precision_reason(setting, device, dims=None, batch=None):
+    """Why precision=auto resolved as it did (for the sampler's speed line); '' for other settings."""
+    return f": {auto_bf16(device, dims, batch, backward=False)[1]}" if setting == "auto" else ""
+
+
+def model_dims(model):
+    """(d_model, d_ff) of a PixelTransformer: the shapes of its blocks' products."""
+    ff = model.blocks[0].ff[0].weight               # Dense (d_model, d_ff)
+    return ff.shape[0], ff.shape[1]
 
 
 def resolve_precisions(settings, device, key):

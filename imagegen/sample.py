@@ -11,7 +11,7 @@ from .data import dataset_info, load_from_config
 from .files import write_image
 from .memory import check_request_fits
 from .ops.kernel import prebuilt_only
-from .precision import dtype_name, resolve_precision, slow_bf16_note
+from .precision import dtype_name, model_dims, precision_reason, resolve_precision, slow_bf16_note
 from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
 
 
@@ -42,7 +42,8 @@ def run_sample(cfg, device):
     check_request_fits(cfg, info)
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
-    dtype = resolve_precision(cfg["precision"], device)
+    measured = dict(dims=model_dims(model), batch=cfg["batch_size"])       # what precision=auto times
+    dtype = resolve_precision(cfg["precision"], device, **measured)
     if note := slow_bf16_note(dtype, device):
         print(note)
     guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
@@ -79,7 +80,8 @@ def run_sample(cfg, device):
         conditioning = (f", labels: {'none' if labels is None else 'given'}, guidance {guidance:g}" if labels is not None
                         else ", no labels")
     print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}, "
-          f"{dtype_name(dtype)} (precision={cfg['precision']}){conditioning}: {len(seqs) / seconds:.2f} images/sec")
+          f"{dtype_name(dtype)} (precision={cfg['precision']}{precision_reason(cfg['precision'], device, **measured)})"
+          f"{conditioning}: {len(seqs) / seconds:.2f} images/sec")
 
 
 main = hydra_entry("sample", run_sample,

@@ -24,6 +24,7 @@ from .lock import folder_lock
 from .logs import RunLog
 from .memory import available_bytes
 from .model import build_model
+from .ops import auto_impl_line
 from .precision import autocast, bf16_reason, use_bf16
 from .runstate import Budget, DataOrder, RunState, step_seed
 from .sampling import generate, grid, to_images
@@ -87,7 +88,8 @@ class Trainer:
     def __init__(self, cfg, device, world, run_dir):
         self.cfg, self.t, self.device, self.world, self.run_dir = cfg, cfg["train"], device, world, run_dir
         t = self.t
-        self.bf16 = use_bf16(t["bf16"], device)
+        self.dims = (cfg["model"]["d_model"], cfg["model"]["d_ff"])    # the products bf16=auto measures
+        self.bf16 = use_bf16(t["bf16"], device, dims=self.dims)
         if device.type == "cpu":
             keep_freed_memory()
         (self.x_train, self.y_train), (x_val, y_val) = load_from_config(cfg["data"], ("train", "val"), labels=True)
@@ -220,7 +222,9 @@ class Trainer:
         world = f", {self.world.size} processes" if self.world.distributed else ""
         self.say(f"{self.cfg['model']['attention']} model, {n_params / 1e6:.2f}M parameters, {len(self.x_train)} "
                  f"training images of {self.model.length} sub-pixels, device {self.device}{world}, "
-                 f"{bf16_reason(self.t['bf16'], self.device)}, run dir {self.run_dir}")
+                 f"{bf16_reason(self.t['bf16'], self.device, self.dims)}, run dir {self.run_dir}")
+        if (line := auto_impl_line(self.cfg["model"], self.model.length, self.device, self.bf16)) is not None:
+            self.say(line)
 
     def run(self):
         state, t = self.state, self.t

@@ -17,6 +17,11 @@ from fixtures import write_cifar, write_mnist  # noqa: E402
 # closed local port and fails at once with the offline sentence; tests/test_download.py serves files.
 os.environ["IMAGEGEN_DATA_MIRROR"] = "http://127.0.0.1:9/"
 
+# Tests never time anything to choose: `auto` follows the rules (CPU flags, the kernel's head-dim
+# rule), so that results do not depend on the machine's load; tests/test_probe.py turns probes on
+# with mocked timings and a cache folder of its own.
+os.environ["IMAGEGEN_PROBE"] = "0"
+
 
 @pytest.fixture(scope="session")
 def mnist_root(tmp_path_factory):

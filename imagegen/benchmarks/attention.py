@@ -20,6 +20,7 @@ from ..attention.feature_maps import FEATURE_MAPS, make_feature_map
 from ..ops import (TRITON_DEVICES, gated_linear_attention, kernel_error, linear_attention, mapped_linear_attention,
                    triton_error)
 from ..precision import autocast, resolve_precisions
+from .progress import Progress
 from .report import markdown_table, machine
 from .timing import median_ms, sync
 
@@ -132,7 +133,14 @@ def peak_memory(impl, N, H, L, E, device, dtype, threads, spec="elu"):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_attention(c, device):
+def attention_cases(c, impls):
+    """The (dtype, L, impl) cases of mode=attention, in the order they are timed."""
+    return [(dtype, L, impl) for dtype in c["attention_dtypes"] for L in c["lengths"] for impl in impls]
+
+
+def run_attention(c, device, out_dir=None):
+    """Time every case; with out_dir, the plan first and the table and JSON rewritten there row by
+    row (`progress.Progress`). -> ({"rows": rows}, markdown)."""
     N, H, E = c["batch"], c["heads"], c["head_dim"]
     if device.type == "cpu":     # malloc as imagegen-train sets it: past ~8k positions the gradients
         keep_freed_memory()      # are >= 32 MB, which glibc would mmap afresh and fault in every call
@@ -147,47 +155,61 @@ def run_attention(c, device):
     specs = c.get("feature_maps") or ["elu"]
     for spec in specs:
         parse_map(spec)                                                   # bad entries fail before any timing
-    rows = []
-    for dtype in c["attention_dtypes"]:
-        for L in c["lengths"]:
-            for impl, spec in [(i, m) for i in impls for m in (["-"] if i == "softmax" else specs)]:
-                if spec != "-" and "gate" in parse_map(spec) and impl not in ("chunked", "auto"):
-                    continue                                              # the gate has the chunked form only
-                cumsum_gb = 4 * N * H * L * n_features(spec, E) * (E + 1) * 4 / 2 ** 30   # states, grads, temporaries
-                base = {"dtype": dtype, "L": L, "impl": impl, "map": spec}
-                if impl == "cumsum" and cumsum_gb > c["cumsum_max_gb"]:
-                    rows.append({**base, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"})
-                    continue
-                fwd, fwd_bwd = time_case(impl, spec, N, H, L, E, device, dtype, c["repeat"])
-                mem = peak_memory(impl, N, H, L, E, device, dtype, torch.get_num_threads(), spec)
-                rows.append({**base, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd,
-                             "peak_mib": None if mem is None else mem / 2 ** 20})
-                print(f"{dtype} L={L:6d} {impl:8s} {spec:12s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
-                      f"peak {rows[-1]['peak_mib'] or float('nan'):9.1f} MiB", flush=True)
-    for row in rows:
-        soft = next((r for r in rows if r["dtype"] == row["dtype"] and r["L"] == row["L"]
-                     and r["impl"] == "softmax" and "fwd_ms" in r), None)
-        if soft and "fwd_ms" in row:
-            row["speedup_fwd_bwd"] = soft["fwd_bwd_ms"] / row["fwd_bwd_ms"]
-            if soft.get("peak_mib") and row.get("peak_mib"):
-                row["memory_vs_softmax"] = row["peak_mib"] / soft["peak_mib"]
+    memory = not c.get("quick")                   # quick: no subprocess per case for its peak memory
     cols = [("dtype", "dtype", None), ("L", "N (length)", None), ("impl", "impl", None), ("map", "feature map", None),
-            ("fwd_ms", "fwd ms", "{:.2f}"),
-            ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"), ("speedup_fwd_bwd", "fwd+bwd speedup vs softmax", "{:.1f}x"),
+            ("fwd_ms", "fwd ms", "{:.2f}"), ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"), ("bwd_over_fwd", "bwd / fwd", "{:.2f}"),
+            ("speedup_fwd_bwd", "fwd+bwd speedup vs softmax", "{:.1f}x"),
             ("peak_mib", "peak MiB (fwd+bwd)", "{:.1f}"), ("memory_vs_softmax", "memory / softmax", "{:.2f}"),
             ("note", "note", None)]
-    md = (f"Causal attention, B={N}, H={H}, D=M={E}, {' and '.join(c['attention_dtypes'])}, {device}. softmax = "
-          f"scaled_dot_product_attention(is_causal=True) (flash on CUDA); linear: normalised, with the feature map "
-          f"named (F features; +gate: random feature attention's gate, chunked form), its features computed in the "
-          f"timed call.\n"
-          f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
-    return {"rows": rows}, md
+
+    def render(rows):
+        for row in rows:
+            soft = next((r for r in rows if r["dtype"] == row["dtype"] and r["L"] == row["L"]
+                         and r["impl"] == "softmax" and "fwd_ms" in r), None)
+            if soft and "fwd_ms" in row:
+                row["speedup_fwd_bwd"] = soft["fwd_bwd_ms"] / row["fwd_bwd_ms"]
+                if soft.get("peak_mib") and row.get("peak_mib"):
+                    row["memory_vs_softmax"] = row["peak_mib"] / soft["peak_mib"]
+        md = (f"Causal attention, B={N}, H={H}, D=M={E}, {' and '.join(c['attention_dtypes'])}, {device}. softmax = "
+              f"scaled_dot_product_attention(is_causal=True) (flash on CUDA); linear: normalised, with the feature map "
+              f"named (F features; +gate: random feature attention's gate, chunked form), its features computed in "
+              f"the timed call. bwd / fwd = (fwd+bwd - fwd) / fwd."
+              f"{'' if memory else ' quick: peak memory not measured.'}\n"
+              f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
+        return {"config": c, "machine": machine(), "rows": rows}, md
+
+    cases = [(dtype, L, impl, spec) for dtype, L, impl in attention_cases(c, impls)
+             for spec in (["-"] if impl == "softmax" else specs)
+             if not (spec != "-" and "gate" in parse_map(spec) and impl not in ("chunked", "auto"))]  # gate: chunked only
+    progress = Progress(out_dir, "attention", [f"{d} L={L} {i} {m}" for d, L, i, m in cases], render,
+                        c.get("quick")) if out_dir is not None else None
+    rows = []
+    for dtype, L, impl, spec in cases:
+        cumsum_gb = 4 * N * H * L * n_features(spec, E) * (E + 1) * 4 / 2 ** 30   # states, grads, temporaries
+        base = {"dtype": dtype, "L": L, "impl": impl, "map": spec}
+        if impl == "cumsum" and cumsum_gb > c["cumsum_max_gb"]:
+            row = {**base, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"}
+            line = f"{dtype} L={L:6d} {impl:8s} {spec:12s} {row['note']}"
+        else:
+            fwd, fwd_bwd = time_case(impl, spec, N, H, L, E, device, dtype, c["repeat"])
+            mem = peak_memory(impl, N, H, L, E, device, dtype, torch.get_num_threads(), spec) if memory else None
+            row = {**base, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "bwd_over_fwd": (fwd_bwd - fwd) / fwd,
+                   "peak_mib": None if mem is None else mem / 2 ** 20}
+            line = (f"{dtype} L={L:6d} {impl:8s} {spec:12s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
+                    f"peak {row['peak_mib'] or float('nan'):9.1f} MiB")
+        rows.append(row)
+        if progress:
+            progress.row(row, line)
+        else:
+            print(line, flush=True)
+    payload, md = render(rows)
+    return {"rows": payload["rows"]}, md
 
 
-def run_train_step(c, device):
+def run_train_step(c, device, out_dir=None):
     """One optimizer step of the whole model (the configured architecture) per length,
     precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention, with malloc set
-    up as imagegen-train sets it."""
+    up as imagegen-train sets it; with out_dir, the plan first and rows written as they come."""
     if device.type == "cpu":
         keep_freed_memory()
     precisions, note = resolve_precisions(c["train_precisions"], device, "train_precisions")
@@ -196,34 +218,45 @@ def run_train_step(c, device):
     specs = c.get("feature_maps") or ["elu"]
     variants = [("softmax", "softmax", {})] + [("linear" if spec == "elu" else f"linear {spec}", "linear",
                                                 {"impl": "auto", **parse_map(spec)}) for spec in specs]
-    rows = []
-    for name, L in c["train_lengths"].items():
-        info = dataset_info(name)
-        for precision in precisions:
-            for label, attention, options in variants:
-                torch.manual_seed(0)
-                model = build_model({**c["model"], "attention": attention, "attention_options": options},
-                                    info).to(device)
-                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-                x = torch.randint(0, 256, (c["train_batch"], L), dtype=torch.uint8, device=device)
-
-                def step():
-                    with autocast(device, precision == "bfloat16"):
-                        loss = model.nll(x).mean()
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                rows.append({"data": name, "length": L, "precision": precision, "attention": label,
-                             "step_ms": median_ms(step, device, c["repeat"])})
-                print(f"{name} L={L} {precision} {label:18s} {rows[-1]['step_ms']:.1f} ms/step", flush=True)
-    for row in rows:
-        soft = next(r for r in rows if r["data"] == row["data"] and r["precision"] == row["precision"]
-                    and r["attention"] == "softmax")
-        row["speedup"] = soft["step_ms"] / row["step_ms"]
     cols = [("data", "data", None), ("length", "length", None), ("precision", "precision", None),
             ("attention", "attention", None), ("step_ms", "ms / training step", "{:.1f}"),
             ("speedup", "speedup vs softmax", "{:.2f}x")]
-    md = (f"Whole-model training step (forward, backward, AdamW), {c['model']['n_layers']} layers, d_model "
-          f"{c['model']['d_model']}, batch {c['train_batch']}, float32 or bfloat16 autocast, {device}.\n"
-          f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
-    return {"rows": rows}, md
+
+    def render(rows):
+        for row in rows:
+            soft = next((r for r in rows if r["data"] == row["data"] and r["precision"] == row["precision"]
+                         and r["attention"] == "softmax"), None)
+            if soft:
+                row["speedup"] = soft["step_ms"] / row["step_ms"]
+        md = (f"Whole-model training step (forward, backward, AdamW), {c['model']['n_layers']} layers, d_model "
+              f"{c['model']['d_model']}, batch {c['train_batch']}, float32 or bfloat16 autocast, {device}.\n"
+              f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
+        return {"config": c, "machine": machine(), "rows": rows}, md
+
+    cases = [(name, L, precision, variant) for name, L in c["train_lengths"].items() for precision in precisions
+             for variant in variants]
+    progress = Progress(out_dir, "train_step", [f"{n} L={L} {p} {v[0]}" for n, L, p, v in cases], render,
+                        c.get("quick")) if out_dir is not None else None
+    rows = []
+    for name, L, precision, (label, attention, options) in cases:
+        info = dataset_info(name)
+        torch.manual_seed(0)
+        model = build_model({**c["model"], "attention": attention, "attention_options": options}, info).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randint(0, 256, (c["train_batch"], L), dtype=torch.uint8, device=device)
+
+        def step():
+            with autocast(device, precision == "bfloat16"):
+                loss = model.nll(x).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        rows.append({"data": name, "length": L, "precision": precision, "attention": label,
+                     "step_ms": median_ms(step, device, c["repeat"])})
+        line = f"{name} L={L} {precision} {label:18s} {rows[-1]['step_ms']:.1f} ms/step"
+        if progress:
+            progress.row(rows[-1], line)
+        else:
+            print(line, flush=True)
+    payload, md = render(rows)
+    return {"rows": payload["rows"]}, md

@@ -3,20 +3,26 @@ threads, same inputs, interleaved rounds): forward (no grad) and forward+backwar
 milliseconds, median over rounds.
 
     python -m imagegen.benchmarks.causal_product [--device cpu] [--dtype float32] [--json out.json]
-        [--shapes 4,8,784,32,32 16,4,3072,32,32 ...] [--chunks 32,64,128] [--repeat 5]
+        [--shapes 4,8,784,32,32 16,4,3072,32,32 ...] [--chunks 32,64,128] [--repeat 5] [--quick]
 
-Shapes are N,H,L,E,M. Prints one table per shape and optionally writes all rows as JSON.
+Shapes are N,H,L,E,M. Prints the plan, then one table per shape as it is measured, with the
+backward's time over the forward's (bwd/fwd = (fwd+bwd - fwd) / fwd); --json is rewritten after
+every shape ("partial": true until the last), so a stopped run keeps what it measured.
+--quick: two shapes, one chunk size, 3 repeats (about a minute on 2 cores).
 On the CPU malloc is set up as imagegen-train sets it (`imagegen.allocator.keep_freed_memory`):
 otherwise every output of 32 MB or more is mapped afresh and faulted in at every call, which
 made the backward grow faster than the length past ~8k positions (at N=4, H=8, E=M=32).
 """
 import argparse
 import json
+import os
+import time
 
 import torch
 
 from ..allocator import keep_freed_memory
 from ..ops import causal_product, kernel_error
+from .report import machine
 from .timing import time_all
 
 DEFAULT_SHAPES = ["4,8,784,32,32", "4,8,3072,32,32", "4,8,16384,32,32",
@@ -56,7 +62,10 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before timing")
     p.add_argument("--json", default=None)
+    p.add_argument("--quick", action="store_true", help="shapes 4,8,784 and 4,8,3072 (E=M=32), chunk 64, repeat 3")
     args = p.parse_args(argv)
+    if args.quick:
+        args.shapes, args.chunks, args.repeat = ["4,8,784,32,32", "4,8,3072,32,32"], "64", 3
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -64,19 +73,26 @@ def main(argv=None):
         keep_freed_memory()
     chunks = [int(c) for c in args.chunks.split(",") if c]
     print(f"device={device} dtype={args.dtype} threads={torch.get_num_threads()} repeat={args.repeat}")
-    all_rows = []
-    for s in args.shapes:
+    print(f"plan: {len(args.shapes)} shapes ({' '.join(args.shapes)}) x impls chunked/{args.chunks} and kernel, "
+          f"fwd and fwd+bwd, {args.repeat} rounds each; CPU: {machine()}", flush=True)
+    all_rows, start = [], time.perf_counter()
+    for i, s in enumerate(args.shapes):
         shape = tuple(int(x) for x in s.split(","))
         rows = bench_shape(shape, device, dtype, chunks, args.repeat)
         all_rows += rows
-        print(f"\nN,H,L,E,M = {shape}")
-        print(f"{'impl':<14}{'fwd ms':>10}{'fwd+bwd ms':>12}")
+        elapsed = time.perf_counter() - start
+        print(f"\nN,H,L,E,M = {shape}   [{i + 1}/{len(args.shapes)}, {elapsed:.0f} s, about "
+              f"{elapsed / (i + 1) * (len(args.shapes) - i - 1):.0f} s left]")
+        print(f"{'impl':<14}{'fwd ms':>10}{'fwd+bwd ms':>12}{'bwd/fwd':>9}")
         for r in rows:
-            print(f"{r['impl']:<14}{r['fwd_ms']:>10.2f}{r['fwd_bwd_ms']:>12.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
-                       "rows": all_rows}, f, indent=1)
+            r["bwd_over_fwd"] = (r["fwd_bwd_ms"] - r["fwd_ms"]) / r["fwd_ms"]
+            print(f"{r['impl']:<14}{r['fwd_ms']:>10.2f}{r['fwd_bwd_ms']:>12.2f}{r['bwd_over_fwd']:>9.2f}", flush=True)
+        if args.json:
+            tmp = f"{args.json}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"partial": i + 1 < len(args.shapes), "device": str(device), "dtype": args.dtype,
+                           "threads": torch.get_num_threads(), "machine": machine(), "rows": all_rows}, f, indent=1)
+            os.replace(tmp, args.json)
 
 
 if __name__ == "__main__":

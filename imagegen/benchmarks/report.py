@@ -32,10 +32,15 @@ def markdown_table(rows, columns):
     return "\n".join(lines)
 
 
-def write_outputs(out_dir, name, payload, markdown):
+def write_outputs(out_dir, name, payload, markdown, quiet=False):
+    """out_dir/name.json and .md, each through a temporary file and a rename (a run stopped while
+    writing leaves the previous rows); quiet: without printing the table."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (out / f"{name}.md").write_text(markdown + "\n")
-    print(markdown)
-    print(f"\nwrote {out / (name + '.json')} and {out / (name + '.md')}")
+    for suffix, text in ((".json", json.dumps(payload, indent=2) + "\n"), (".md", markdown + "\n")):
+        tmp = out / f".{name}{suffix}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / f"{name}{suffix}")
+    if not quiet:
+        print(markdown)
+        print(f"\nwrote {out / (name + '.json')} and {out / (name + '.md')}")

@@ -1,4 +1,8 @@
-"""Wall-clock timing shared by the benchmarks: medians in ms, CUDA synchronised."""
+"""Timing shared by the benchmarks: medians in ms, CUDA synchronised. On the CPU with one torch thread
+the clock is this thread's CPU time (all the work is then the calling thread's, and on a shared
+machine CPU time leaves out the waits other processes' load adds to wall time: under nice on a busy
+2-core machine a process got ~15% of a core, and wall-clock medians timed the scheduler); with more
+threads, or on CUDA, wall time."""
 import statistics
 import time
 
@@ -10,18 +14,24 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def clock(device):
+    """The clock the benchmarks read on `device` (see the module's docstring)."""
+    return time.thread_time if device.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
+
+
 def time_all(fns, device, repeat):
     """Median wall time in ms of each fn, timed in interleaved rounds (one call of each per
     round, after a warm-up round) so that load from other processes hits all alike."""
     times = {name: [] for name in fns}
+    now = clock(device)
     for r in range(repeat + 1):
         for name, fn in fns.items():
             sync(device)
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
             sync(device)
             if r:
-                times[name].append((time.perf_counter() - t0) * 1e3)
+                times[name].append((now() - t0) * 1e3)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -13,16 +13,19 @@ impl names:
                On CUDA only when asked for: its source compiles (csrc/compile_check.sh) but has never run
   "triton"     `linear_attention` only: the fused chunked Triton kernels of triton_linear.py (CUDA;
                CPU tensors under Triton's interpreter, for tests)
-  "auto"       the fastest available for the device and shape (rule in `choose_impl`)
+  "auto"       the fastest available for the device and shape (`choose_impl`: on the CPU measured
+               once per machine by `imagegen.probe`, else by rule)
 """
 import torch
 import torch.nn.functional as F
+
+from .. import probe
 
 from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
                             causal_product_reference)
 from .gated_linear import gated_chunked, gated_reference, gated_step
 from .kernel import (causal_product_kernel, decode_step, fused_state, fused_step, kernel_error, kernel_unsupported,
-                     linear_attention_kernel, warn_fallback)
+                     linear_attention_kernel, load_kernel, warn_fallback)
 from .triton_linear import linear_attention_triton, triton_error, triton_step, triton_unsupported
 
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "triton", "auto")
@@ -68,6 +71,10 @@ def choose_impl(q, v, fused=False):
     (where its O(L (E + M)) memory decides) and loses 2x at 256; forward alone it always wins.
     (Measured with the numerator kernel; `linear_attention` runs the fused one, 3.2-4.2x faster
     than chunked at E = M = 32 in `imagegen-bench mode=attention`, under the same rule.)
+    That table is one CPU's: on an AVX2-only AMD EPYC the fused kernel's forward+backward measured
+    slower than chunked (issue 22; docs/speed.md). So on the CPU, where the kernel is built, the choice is a
+    measurement (`cpu_verdict`, made once per machine and cached; `imagegen.probe`): the kernel only
+    when it is probe.MARGIN times faster than chunked. With probes off (IMAGEGEN_PROBE=0) the rule above.
     """
     if q.device.type in TRITON_DEVICES:
         if not fused or triton_unsupported(q, v) is not None:
@@ -76,11 +83,77 @@ def choose_impl(q, v, fused=False):
     if q.device.type != "cpu" or kernel_unsupported(q, v) is not None:
         return "chunked"
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
-    if needs_grad and max(q.shape[-1], v.shape[-1]) > CPU_KERNEL_MAX_DIM:
-        return "chunked"
     if kernel_error(q.device.type, warn=True) is not None:
         return "chunked"
+    verdict = cpu_verdict(q.shape[-2], q.shape[-1], v.shape[-1], q.dtype, fused, needs_grad)
+    if verdict is not None:
+        return "kernel" if verdict.chosen else "chunked"
+    if needs_grad and max(q.shape[-1], v.shape[-1]) > CPU_KERNEL_MAX_DIM:
+        return "chunked"
     return "kernel"
+
+
+def probe_length(L):
+    """The length a probe times for sequences of length L: the power of two >= L, in [64, 1024]
+    (per position the cost hardly depends on L past a few chunks; the probe must stay short)."""
+    return min(1024, max(64, 1 << max(0, L - 1).bit_length()))
+
+
+def cpu_verdict(L, E, M, dtype, fused, needs_grad):
+    """The probe's Verdict (candidate: the kernel, baseline: chunked) for the CPU at head dims E, M,
+    sequences of about L positions and dtype, forward+backward (needs_grad) or forward; fused: the
+    model's `linear_attention`, else the bare numerator. None when probes are off."""
+    Lp = probe_length(L)
+    build = load_kernel("cpu").__name__.rsplit("_", 1)[-1]      # another kernel source is another verdict
+    name = (f"impl-{'attention' if fused else 'numerator'}-{'fwd_bwd' if needs_grad else 'fwd'}:"
+            f"{str(dtype).replace('torch.', '')}:L{Lp}:E{E}:M{M}:kernel-{build}")
+    return probe.decide(name, lambda: time_impls(Lp, E, M, dtype, fused, needs_grad))
+
+
+def time_impls(L, E, M, dtype, fused, needs_grad):
+    """(chunked ms, kernel ms): best of a few interleaved calls on (1, 2 x threads, L, E/M) inputs
+    (the kernel runs one (n, h) pair per thread at a time), with a generator of its own (the
+    global random state is left alone, so that a run's draws do not depend on whether it probed)."""
+    g = torch.Generator().manual_seed(0)
+    P = 2 * torch.get_num_threads()
+    q, k = (torch.randn(1, P, L, E, generator=g).to(dtype) for _ in range(2))
+    v = torch.randn(1, P, L, M, generator=g).to(dtype)
+    if not fused:
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+    leaves = [x.requires_grad_(needs_grad) for x in (q, k, v)]
+    grad = torch.randn(1, P, L, M, generator=g).to(dtype)
+    op = linear_attention if fused else causal_product
+
+    def run(impl):
+        with torch.autocast("cpu", enabled=False), torch.set_grad_enabled(needs_grad):
+            out = op(*leaves, impl=impl)
+            if needs_grad:
+                torch.autograd.grad(out, leaves, grad)
+    return probe.best_ms(lambda: run("chunked"), lambda: run("kernel"), rounds=5, budget_s=1.0)
+
+
+def auto_impl_line(model_cfg, L, device, bf16=False):
+    """The training header's line on what impl=auto runs for a linear model (config dict model_cfg,
+    sequences of L positions, bfloat16 autocast or not) on the CPU; None for other models and devices."""
+    impl = (model_cfg.get("attention_options") or {}).get("impl", "auto")
+    if model_cfg.get("attention") != "linear" or impl != "auto" or device.type != "cpu":
+        return None
+    E = model_cfg["d_model"] // model_cfg["n_heads"]
+    return auto_impl_reason(L, E, E, torch.bfloat16 if bf16 else torch.float32)
+
+
+def auto_impl_reason(L, E, M, dtype=torch.float32, needs_grad=True):
+    """What impl=auto runs for training the model's linear attention on the CPU and why, in a few
+    words (for the training header): measured, or the rule when probes are off."""
+    q, v = torch.empty(1, 1, L, E, dtype=dtype), torch.empty(1, 1, L, M, dtype=dtype)
+    if kernel_unsupported(q, v) is not None or kernel_error("cpu", warn=True) is not None:
+        return "linear attention impl=auto: chunked (no CPU kernel here)"
+    verdict = cpu_verdict(L, E, M, dtype, True, needs_grad)
+    if verdict is None:
+        return "linear attention impl=auto: by rule (probes off)"
+    return (f"linear attention impl=auto: {'kernel' if verdict.chosen else 'chunked'} (fused kernel "
+            f"{'fwd+bwd' if needs_grad else 'fwd'} measured {verdict.ratio:.2f}x chunked's speed here, "
+            f"{verdict.where()})")
 
 
 def resolve_impl(q, k, v, impl, chunk_size, fused=False):

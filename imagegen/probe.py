@@ -1,0 +1,190 @@
+"""Choices by measurement, once per machine: a short timing probe decides between two ways of
+doing the same work (float32 or bfloat16 products; the fused C++ attention kernel or the chunked
+PyTorch form), and its verdict is cached, so that every later process on this machine makes the
+same choice without timing anything.
+
+A CPU flag does not say how fast a product runs (an AVX512-BF16 Xeon multiplies bfloat16 slower
+than float32; an AVX2-only EPYC runs the fused kernel's backward slower than the chunked form),
+so `auto` settings ask `decide(name, measure)`: `measure()` times the baseline and the candidate
+(a fraction of a second), and the candidate is chosen only when it is at least MARGIN times faster.
+
+The cache is one JSON file, `cache_path()` ($XDG_CACHE_HOME/imagegen/probes.json, else
+~/.cache/imagegen/probes.json), holding each verdict under a key naming the machine: the CPU's model
+name and flags, torch's version and the thread count (`machine_key`). A new torch or another thread
+count is another key, so it is measured afresh; a damaged or unreadable file is ignored with one
+line on stderr (and rewritten when it can be). Within a process a verdict, once made, is never
+re-timed: a run's choices stay fixed, and a resumed run reads the same verdicts from the file.
+
+IMAGEGEN_PROBE=0 (or IMAGEGEN_PRECISION_PROBE=0) turns every probe off: callers then fall back to
+their rules (CPU flags for bfloat16, the head-dimension rule for the kernel).
+"""
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from functools import lru_cache
+
+import torch
+
+MARGIN = 1.15          # the candidate must be this many times faster than the baseline to be chosen
+ENV_VARS = ("IMAGEGEN_PROBE", "IMAGEGEN_PRECISION_PROBE")
+VERSION = 1            # of the cache file's layout
+
+_verdicts = {}         # (machine key, name) -> Verdict: made once per process, never re-timed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A probe's outcome. ratio = baseline time / candidate time (> 1: the candidate is faster);
+    chosen: ratio >= the margin; source: 'measured' now or 'cached' (read from `path`)."""
+    name: str
+    baseline_ms: float
+    candidate_ms: float
+    chosen: bool
+    source: str
+    path: str
+
+    @property
+    def ratio(self):
+        return self.baseline_ms / self.candidate_ms
+
+    def where(self):
+        return f"{self.source}, {self.path}" if self.source == "cached" else f"{self.source} now, cached in {self.path}"
+
+
+def enabled():
+    """False when IMAGEGEN_PROBE (or IMAGEGEN_PRECISION_PROBE) is 0/false/no/off."""
+    return not any(os.environ.get(v, "").strip().lower() in ("0", "false", "no", "off") for v in ENV_VARS)
+
+
+def cache_path():
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "imagegen" / "probes.json"
+
+
+@lru_cache(maxsize=None)
+def cpu_identity():
+    """The CPU's model name and instruction-set flags (/proc/cpuinfo), or what platform says."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+        return platform.processor() or platform.machine()
+    keep = [line for line in text.splitlines() if line.split(":")[0].strip() in ("model name", "flags", "Features")]
+    return "\n".join(sorted(set(keep)))
+
+
+def cpu_name():
+    for line in cpu_identity().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def machine_key():
+    """16 hex digits naming what a timing depends on: CPU model and flags, torch, thread count."""
+    return _machine_key(cpu_identity(), torch.__version__, torch.get_num_threads())
+
+
+@lru_cache(maxsize=None)
+def _machine_key(cpu, torch_version, threads):
+    return hashlib.sha256(repr((cpu, torch_version, threads)).encode()).hexdigest()[:16]
+
+
+def say(line):
+    print(f"imagegen: {line}", file=sys.stderr, flush=True)
+
+
+def read_cache(path):
+    """The cache's entries (a dict), or {} when absent, unreadable or damaged (said once, on stderr)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        say(f"ignoring the probe cache {path}: cannot read it ({exc.strerror or exc}); timing again")
+        return {}
+    try:
+        data = json.loads(text)
+        entries = data["entries"]
+        if data.get("version") != VERSION or not isinstance(entries, dict):
+            raise ValueError("unknown layout")
+        return entries
+    except (ValueError, KeyError, TypeError) as exc:
+        say(f"ignoring the probe cache {path}: damaged ({exc}); timing again and rewriting it")
+        return {}
+
+
+def write_cache(path, entries):
+    """Write entries through a temporary file and a rename (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+        say(f"could not write the probe cache {path} ({exc.strerror or exc}); the verdict holds for this process only")
+
+
+def valid_entry(entry):
+    return (isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0
+                                            for k in ("baseline_ms", "candidate_ms")))
+
+
+def decide(name, measure, margin=MARGIN):
+    """The Verdict for `name` on this machine: from this process's memory, else the cache file, else
+    measured now by `measure()` -> (baseline_ms, candidate_ms) and written to the cache. None when
+    probes are off (`enabled`): the caller then uses its rule."""
+    if not enabled():
+        return None
+    key = (machine_key(), name)
+    if key in _verdicts:
+        return _verdicts[key]
+    path = cache_path()
+    entries = read_cache(path)
+    entry = entries.get(f"{key[0]}/{name}")
+    if valid_entry(entry):
+        verdict = Verdict(name, float(entry["baseline_ms"]), float(entry["candidate_ms"]),
+                          bool(entry.get("chosen", entry["baseline_ms"] >= margin * entry["candidate_ms"])),
+                          "cached", str(path))
+    else:
+        baseline_ms, candidate_ms = measure()
+        verdict = Verdict(name, baseline_ms, candidate_ms, baseline_ms >= margin * candidate_ms, "measured", str(path))
+        entries = read_cache(path) if path.exists() else {}     # another process may have written meanwhile
+        entries[f"{key[0]}/{name}"] = {"baseline_ms": baseline_ms, "candidate_ms": candidate_ms,
+                                       "chosen": verdict.chosen, "margin": margin, "cpu": cpu_name(),
+                                       "torch": torch.__version__, "threads": torch.get_num_threads(),
+                                       "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+        write_cache(path, entries)
+    _verdicts[key] = verdict
+    return verdict
+
+
+def clock():
+    """The clock a probe reads: this thread's CPU time when torch runs on one thread (all the work is
+    then ours, and CPU time does not count the waits that other processes' load adds to wall time
+    on a shared machine), else wall time (what several threads save is wall time)."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
+
+
+def best_ms(baseline, candidate, rounds=5, budget_s=0.5, give_up=4.0):
+    """(baseline_ms, candidate_ms): the best of up to `rounds` interleaved calls of each (`clock`),
+    after one warm-up call of each; stops early past budget_s seconds, or after the first round when
+    the candidate is `give_up` times slower (an emulated product need not be timed five times to lose)."""
+    for fn in (baseline, candidate):
+        fn()
+    best = [float("inf"), float("inf")]
+    start = time.perf_counter()
+    for r in range(rounds):
+        for i, fn in enumerate((baseline, candidate)):
+            t0 = clock()
+            fn()
+            best[i] = min(best[i], max(clock() - t0, 1e-6) * 1e3)
+        if time.perf_counter() - start > budget_s or best[1] > give_up * best[0]:
+            break
+    return best[0], best[1]

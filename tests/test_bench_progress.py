@@ -1,0 +1,48 @@
+"""Benchmarks as a user meets them: the plan printed first, rows written as they come (a stopped run
+keeps what it measured), and quick=true's settings."""
+import json
+
+import pytest
+import torch
+
+from imagegen.benchmarks import attention, progress
+
+CPU = torch.device("cpu")
+ATTENTION = {"mode": "attention", "batch": 1, "heads": 2, "head_dim": 4, "impls": ["softmax", "chunked"],
+             "attention_dtypes": ["float32"], "lengths": [16, 32], "repeat": 1, "cumsum_max_gb": 1.0, "quick": True}
+
+
+def test_attention_rows_are_written_as_they_come_and_a_stopped_run_keeps_them(tmp_path, monkeypatch, capsys):
+    real, calls = attention.time_case, []
+
+    def stop_at_third(*args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+    monkeypatch.setattr(attention, "time_case", stop_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        attention.run_attention(ATTENTION, CPU, out_dir=tmp_path)
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("plan (quick): 4 cases: float32 L=16 softmax, float32 L=16 chunked")
+    assert "[2/4 " in out and "left]" in out
+    saved = json.loads((tmp_path / "attention.json").read_text())
+    assert saved["partial"] is True and [(r["L"], r["impl"]) for r in saved["rows"]] == [(16, "softmax"),
+                                                                                        (16, "chunked")]
+    assert saved["rows"][1]["bwd_over_fwd"] > 0 and "chunked" in (tmp_path / "attention.md").read_text()
+
+
+def test_whole_attention_run(tmp_path):
+    result, md = attention.run_attention(ATTENTION, CPU, out_dir=tmp_path)
+    assert len(result["rows"]) == 4 and "peak memory not measured" in md
+    assert len(json.loads((tmp_path / "attention.json").read_text())["rows"]) == 4
+
+
+def test_quick_settings():
+    c = {"mode": "train_step", "quick": True, "train_batch": 16, "repeat": 3, "train_precisions": ["float32", "auto"],
+         "train_lengths": {"mnist": 784, "cifar10": 3072}, "data": {"name": "cifar10"}}
+    q = progress.apply_quick(c)
+    assert q["train_lengths"] == {"cifar10": 3072} and q["train_batch"] == 2 and q["repeat"] == 1
+    assert progress.apply_quick({**c, "quick": False}) == {**c, "quick": False}
+    assert progress.apply_quick({**c, "mode": "attention"})["lengths"] == [784, 3072]
+    assert progress.apply_quick({**c, "mode": "sampling"})["step_batches"] == [1, 16]

@@ -1,0 +1,192 @@
+"""Choices by measurement (imagegen.probe): verdicts from mocked timings (faster, slower, within the
+margin), the per-machine cache (reused; timed again when torch or the thread count changes; a damaged
+or unreadable file ignored with a line), the rules when probes are off, and the two users: bfloat16
+for `auto` precisions and the CPU kernel for impl=auto."""
+import json
+
+import pytest
+import torch
+
+from imagegen import ops, precision, probe
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def probes_on(monkeypatch, tmp_path):
+    from torch.utils.cpp_extension import get_default_build_root
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", get_default_build_root())   # torch's root follows XDG_CACHE_HOME:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))         # keep the kernel's build where it is
+    monkeypatch.delenv("IMAGEGEN_PROBE", raising=False)
+    monkeypatch.delenv("IMAGEGEN_PRECISION_PROBE", raising=False)
+    monkeypatch.setattr(probe, "_verdicts", {})
+    yield tmp_path / "cache" / "imagegen" / "probes.json"
+
+
+class Timer:
+    """A measure() returning fixed timings and counting its calls."""
+    def __init__(self, baseline_ms, candidate_ms):
+        self.result, self.calls = (baseline_ms, candidate_ms), 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.result
+
+
+def forget():
+    """A new process: nothing in memory, only the cache file."""
+    probe._verdicts.clear()
+
+
+@pytest.mark.parametrize("baseline, candidate, chosen", [
+    (10.0, 5.0, True),        # the candidate twice as fast
+    (10.0, 20.0, False),      # twice as slow
+    (10.0, 9.0, False),       # 1.11x: faster, but within the margin
+    (11.5, 10.0, True),       # exactly the margin
+])
+def test_verdict_from_mocked_timings(probes_on, baseline, candidate, chosen):
+    verdict = probe.decide("x", Timer(baseline, candidate))
+    assert verdict.chosen is chosen and verdict.ratio == pytest.approx(baseline / candidate)
+    assert verdict.source == "measured" and verdict.path == str(probes_on)
+    assert "cached in" in verdict.where()
+
+
+def test_cache_is_reused_across_processes(probes_on):
+    timer = Timer(10.0, 5.0)
+    probe.decide("x", timer)
+    assert probe.decide("x", timer).chosen and timer.calls == 1          # this process: from memory
+    forget()
+    again = probe.decide("x", Timer(5.0, 10.0))                           # would say the opposite if timed
+    assert again.chosen and again.source == "cached" and again.ratio == 2.0
+    entries = json.loads(probes_on.read_text())["entries"]
+    (entry,) = entries.values()
+    assert entry["threads"] == torch.get_num_threads() and entry["torch"] == torch.__version__
+
+
+def test_cache_is_timed_again_for_another_torch_or_thread_count(probes_on, monkeypatch):
+    probe.decide("x", Timer(10.0, 5.0))
+    forget()
+    with monkeypatch.context() as m:
+        m.setattr(torch, "__version__", "0.0.0-other")
+        timer = Timer(5.0, 10.0)
+        assert not probe.decide("x", timer).chosen and timer.calls == 1
+    forget()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        timer = Timer(5.0, 10.0)
+        assert not probe.decide("x", timer).chosen and timer.calls == 1
+    finally:
+        torch.set_num_threads(threads)
+    forget()
+    assert probe.decide("x", Timer(5.0, 10.0)).chosen     # the first verdict, still there for its key
+    assert len(json.loads(probes_on.read_text())["entries"]) == 3
+
+
+@pytest.mark.parametrize("damage", ["{not json", json.dumps({"version": 99, "entries": {}}),
+                                    json.dumps({"version": 1, "entries": []}), "directory"])
+def test_damaged_or_unreadable_cache_is_ignored_with_a_line(probes_on, capsys, damage):
+    probes_on.parent.mkdir(parents=True)
+    if damage == "directory":
+        probes_on.mkdir()                                  # unreadable as a file (root reads anything else)
+    else:
+        probes_on.write_text(damage)
+    timer = Timer(10.0, 5.0)
+    assert probe.decide("x", timer).chosen and timer.calls == 1
+    err = capsys.readouterr().err
+    assert f"ignoring the probe cache {probes_on}" in err
+    if damage != "directory":                              # rewritten whole
+        assert len(json.loads(probes_on.read_text())["entries"]) == 1
+    else:
+        assert "could not write the probe cache" in err
+
+
+def test_a_cache_entry_with_bad_timings_is_timed_again(probes_on):
+    key = f"{probe.machine_key()}/x"
+    probes_on.parent.mkdir(parents=True)
+    probes_on.write_text(json.dumps({"version": 1, "entries": {key: {"baseline_ms": "fast", "candidate_ms": 0}}}))
+    timer = Timer(10.0, 5.0)
+    assert probe.decide("x", timer).chosen and timer.calls == 1
+
+
+@pytest.mark.parametrize("var", ["IMAGEGEN_PROBE", "IMAGEGEN_PRECISION_PROBE"])
+def test_probes_off_fall_back_to_the_rules(probes_on, monkeypatch, var):
+    monkeypatch.setenv(var, "0")
+    timer = Timer(10.0, 5.0)
+    assert probe.decide("x", timer) is None and timer.calls == 0 and not probes_on.exists()
+    for report, fast in (({"amx": False, "avx512_bf16": True}, True), ({"amx": False, "avx512_bf16": False}, False)):
+        monkeypatch.setattr(precision, "cpu_bf16_report", lambda report=report: report)
+        assert precision.use_bf16("auto", CPU, dims=(16, 32)) is fast
+        assert "measured" not in precision.bf16_reason("auto", CPU, (16, 32))
+        assert precision.resolve_precision("auto", CPU, dims=(16, 32), batch=4) == (
+            torch.bfloat16 if fast else torch.float32)
+
+
+@pytest.mark.parametrize("bf16_ms, picks", [(5.0, torch.bfloat16), (20.0, torch.float32), (9.5, torch.float32)])
+def test_auto_precision_by_measurement(probes_on, monkeypatch, bf16_ms, picks):
+    # the flags say fast, the measurement decides
+    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: {"amx": True, "avx512_bf16": True})
+    monkeypatch.setattr(probe, "best_ms", lambda *a, **k: (10.0, bf16_ms))
+    assert precision.use_bf16("auto", CPU, dims=(16, 32)) is (picks == torch.bfloat16)
+    header = precision.bf16_reason("auto", CPU, (16, 32))
+    assert header.startswith("bfloat16 autocast" if picks == torch.bfloat16 else "float32")
+    assert f"measured {10.0 / bf16_ms:.2f}x float32's speed" in header and str(probes_on) in header
+    assert precision.resolve_precision("auto", CPU, dims=(16, 32), batch=8) == picks
+    assert f"{10.0 / bf16_ms:.2f}x" in precision.precision_reason("auto", CPU, (16, 32), 8)
+    assert precision.precision_reason("float32", CPU, (16, 32), 8) == ""
+    assert precision.use_bf16(False, CPU, dims=(16, 32)) is False        # explicit settings are never timed
+    names = {k.split("/", 1)[1] for k in json.loads(probes_on.read_text())["entries"]}
+    assert names == {"bf16-train:D16:F32", "bf16-decode:N8:D16:F32"}
+
+
+def test_real_precision_probes_time_the_products(probes_on):
+    # no mock: the measuring code runs (small shapes) and leaves the global random state alone
+    state = torch.random.get_rng_state()
+    for measure in (precision.train_products(16, 32), precision.train_products(16, 32, backward=False),
+                    precision.decode_products(2, 16, 32), precision.decode_products(8, 16, 32)):
+        baseline, candidate = measure()
+        assert 0 < baseline < 1e4 and 0 < candidate < 1e5
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+def kernel_or_skip():
+    if ops.kernel_error("cpu") is not None:
+        pytest.skip("the CPU kernel is not built here")
+
+
+@pytest.mark.parametrize("kernel_ms, impl", [(5.0, "kernel"), (30.0, "chunked"), (9.0, "chunked")])
+def test_auto_impl_by_measurement(probes_on, monkeypatch, kernel_ms, impl):
+    kernel_or_skip()
+    calls = []
+    monkeypatch.setattr(ops, "time_impls", lambda *args: calls.append(args) or (10.0, kernel_ms))
+    q = torch.randn(2, 2, 100, 8, requires_grad=True)
+    assert ops.choose_impl(q, q, fused=True) == impl
+    assert ops.choose_impl(q, q, fused=True) == impl and len(calls) == 1      # decided once
+    assert calls[0] == (128, 8, 8, torch.float32, True, True)                 # L 100 -> probed at 128
+    forget()
+    monkeypatch.setattr(ops, "time_impls", lambda *args: (10.0, 100.0 / kernel_ms))   # the opposite, if timed
+    assert ops.choose_impl(q, q, fused=True) == impl                          # read from the cache
+    line = ops.auto_impl_line({"attention": "linear", "attention_options": {"impl": "auto"}, "d_model": 16,
+                               "n_heads": 2}, 100, CPU)
+    assert f"impl=auto: {impl}" in line and f"{10.0 / kernel_ms:.2f}x chunked's speed" in line
+    assert ops.auto_impl_line({"attention": "softmax", "d_model": 16, "n_heads": 2}, 100, CPU) is None
+
+
+def test_auto_impl_rule_when_probes_are_off(probes_on, monkeypatch):
+    kernel_or_skip()
+    monkeypatch.setenv("IMAGEGEN_PROBE", "0")
+    monkeypatch.setattr(ops, "time_impls", lambda *args: pytest.fail("timed with probes off"))
+    q = torch.randn(1, 1, 8, 256, requires_grad=True)
+    assert ops.choose_impl(q, q) == "chunked"                 # the rule: training at E > 193
+    assert ops.choose_impl(q.detach(), q.detach()) == "kernel"
+    assert "by rule" in ops.auto_impl_reason(8, 256, 256)
+
+
+def test_real_impl_probe_times_both(probes_on):
+    kernel_or_skip()
+    state = torch.random.get_rng_state()
+    for fused in (True, False):
+        for grad in (True, False):
+            chunked, kernel = ops.time_impls(64, 8, 8, torch.float32, fused, grad)
+            assert chunked > 0 and kernel > 0
+    assert torch.equal(state, torch.random.get_rng_state())

@@ -181,7 +181,7 @@ def run_attention(c, device, out_dir=None):
     cases = [(dtype, L, impl, spec) for dtype, L, impl in attention_cases(c, impls)
              for spec in (["-"] if impl == "softmax" else specs)
              if not (spec != "-" and "gate" in parse_map(spec) and impl not in ("chunked", "auto"))]  # gate: chunked only
-    progress = Progress(out_dir, "attention", [f"{d} L={L} {i} {m}" for d, L, i, m in cases], render,
+    progress = Progress(out_dir, "attention", [f"{d} L={L} {i}" + ("" if m in ("-", "elu") else f" {m}") for d, L, i, m in cases], render,
                         c.get("quick")) if out_dir is not None else None
     rows = []
     for dtype, L, impl, spec in cases:

@@ -1,0 +1,332 @@
+// The linear transformer as an RNN in float32 typed arrays: the arithmetic of
+// imagegen.model.PixelTransformer.step (embeddings, pre-LN blocks, linear attention with
+// phi = elu + 1 and per-head state S (E x E) and z (E), exact-GELU feed-forward, ln_f, proj)
+// and the inverse-CDF draw of imagegen.likelihood.sample, guided as likelihood.guided_probs for
+// class-conditional models. N images step together: the products run weights outer, batch inner,
+// four images per weight load (`dense`), so a batch shares each weight read.
+// Shape letters: N images (rows), D model dim, H heads, E head dim, F feed-forward dim, P head params,
+// C classes, T positions.
+// No DOM, no network: the worker (worker.js) and tests import it.
+
+/** Parse a safetensors file (8-byte LE header length, JSON header, raw LE tensors): {name: {shape, data}}. */
+export function parseSafetensors(buffer) {
+  const view = new DataView(buffer);
+  const headerLength = Number(view.getBigUint64(0, true));
+  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 8, headerLength)));
+  const start = 8 + headerLength, tensors = {};
+  for (const [name, info] of Object.entries(header)) {
+    if (name === "__metadata__") continue;
+    if (info.dtype !== "F32") throw new Error(`tensor ${name} is ${info.dtype}; the page reads F32 only`);
+    const [a, b] = info.data_offsets;
+    tensors[name] = {shape: info.shape, data: new Float32Array(buffer.slice(start + a, start + b))};
+  }
+  return tensors;
+}
+
+/** W (in, out) as stored by imagegen.layers.Dense -> (out, in), so each output is a dot product
+ * over one contiguous row (an accumulator in a register instead of a store per multiply-add). */
+function transposed(t) {
+  const [nIn, nOut] = t.shape, w = new Float32Array(nIn * nOut);
+  for (let i = 0; i < nIn; i++) for (let j = 0; j < nOut; j++) w[j * nIn + i] = t.data[i * nOut + j];
+  return w;
+}
+
+/** Reference product, one image at a time: out (N, nOut) = x (N, nIn) @ W + b with Wt (nOut, nIn);
+ * add=true adds to out instead. `dense` computes the same; tests compare the two. */
+export function denseReference(x, n, nIn, Wt, b, nOut, out, add) {
+  for (let r = 0; r < n; r++) {
+    for (let j = 0; j < nOut; j++) {
+      let s = 0;
+      for (let i = 0; i < nIn; i++) s += x[r * nIn + i] * Wt[j * nIn + i];
+      out[r * nOut + j] = (add ? out[r * nOut + j] : 0) + b[j] + s;
+    }
+  }
+}
+
+/** out (N, nOut) = x (N, nIn) @ W + b, with Wt (nOut, nIn); add=true adds to out instead.
+ * Weights outer, batch inner, in blocks of 2 outputs x 4 images: each weight loaded is used for
+ * four images and each input for two outputs (8 accumulators), so a batch reads the weights once
+ * per four images instead of once per image. Odd outputs and the N mod 4 images left over take
+ * `dot` (one output of one image). */
+export function dense(x, n, nIn, Wt, b, nOut, out, add) {
+  const n4 = n - (n % 4), j2 = nOut - (nOut % 2);
+  for (let j = 0; j < j2; j += 2) {
+    const wa = j * nIn, wb = wa + nIn;
+    for (let r = 0; r < n4; r += 4) {
+      const x0 = r * nIn, x1 = x0 + nIn, x2 = x1 + nIn, x3 = x2 + nIn;
+      let a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+      for (let i = 0; i < nIn; i++) {
+        const u = Wt[wa + i], v = Wt[wb + i], y0 = x[x0 + i], y1 = x[x1 + i], y2 = x[x2 + i], y3 = x[x3 + i];
+        a0 += y0 * u; a1 += y1 * u; a2 += y2 * u; a3 += y3 * u;
+        b0 += y0 * v; b1 += y1 * v; b2 += y2 * v; b3 += y3 * v;
+      }
+      const o = r * nOut + j, ba = b[j], bb = b[j + 1];
+      put(out, o, ba + a0, add); put(out, o + nOut, ba + a1, add);
+      put(out, o + 2 * nOut, ba + a2, add); put(out, o + 3 * nOut, ba + a3, add);
+      put(out, o + 1, bb + b0, add); put(out, o + 1 + nOut, bb + b1, add);
+      put(out, o + 1 + 2 * nOut, bb + b2, add); put(out, o + 1 + 3 * nOut, bb + b3, add);
+    }
+    for (let r = n4; r < n; r++) {
+      put(out, r * nOut + j, b[j] + dot(x, r * nIn, Wt, wa, nIn), add);
+      put(out, r * nOut + j + 1, b[j + 1] + dot(x, r * nIn, Wt, wb, nIn), add);
+    }
+  }
+  for (let j = j2; j < nOut; j++) for (let r = 0; r < n; r++) put(out, r * nOut + j, b[j] + dot(x, r * nIn, Wt, j * nIn, nIn), add);
+}
+
+const put = (out, o, v, add) => { out[o] = add ? out[o] + v : v; };
+
+/** sum_i x[xo + i] * w[wo + i] over i < m, four partial sums (independent additions). */
+function dot(x, xo, w, wo, m) {
+  let s0 = 0, s1 = 0, s2 = 0, s3 = 0, i = 0;
+  for (; i + 3 < m; i += 4) {
+    s0 += x[xo + i] * w[wo + i];
+    s1 += x[xo + i + 1] * w[wo + i + 1];
+    s2 += x[xo + i + 2] * w[wo + i + 2];
+    s3 += x[xo + i + 3] * w[wo + i + 3];
+  }
+  for (; i < m; i++) s0 += x[xo + i] * w[wo + i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+/** y (N, D) = LayerNorm(x) with weight w, bias b (biased variance, as torch). */
+function layerNorm(x, n, d, w, b, eps, y) {
+  for (let r = 0; r < n; r++) {
+    const o = r * d;
+    let mean = 0;
+    for (let i = 0; i < d; i++) mean += x[o + i];
+    mean /= d;
+    let v = 0;
+    for (let i = 0; i < d; i++) { const c = x[o + i] - mean; v += c * c; }
+    const inv = 1 / Math.sqrt(v / d + eps);
+    for (let i = 0; i < d; i++) y[o + i] = (x[o + i] - mean) * inv * w[i] + b[i];
+  }
+}
+
+/** erf to ~1e-7 absolute (Abramowitz & Stegun 7.1.26): JavaScript has no Math.erf. */
+export function erf(x) {
+  const s = x < 0 ? -1 : 1, a = Math.abs(x), t = 1 / (1 + 0.3275911 * a);
+  const poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+  return s * (1 - poly * Math.exp(-a * a));
+}
+
+const phi = (x) => (x > 0 ? x + 1 : Math.exp(x));   // elu(x) + 1
+
+export class Model {
+  /** config: config.json written by imagegen-export; tensors: parseSafetensors(model.safetensors). */
+  constructor(config, tensors) {
+    const get = (name) => {
+      if (!(name in tensors)) throw new Error(`model.safetensors has no tensor ${name}`);
+      return tensors[name];
+    };
+    this.config = config;
+    const c = config;
+    this.D = c.d_model; this.H = c.n_heads; this.E = c.d_model / c.n_heads; this.F = c.d_ff; this.P = c.head_params;
+    this.length = c.length; this.channels = c.channels; this.width = c.width;
+    this.C = c.num_classes || 0;                   // class-conditional: label.weight (C + 1, D), row C = no label
+    this.tok = get("tok.weight").data; this.row = get("row.weight").data;
+    this.col = get("col.weight").data; this.chan = get("chan.weight").data;
+    this.label = this.C ? get("label.weight").data : null;
+    this.blocks = [];
+    for (let l = 0; l < c.n_layers; l++) {
+      const p = `blocks.${l}.`, d = (n) => get(p + n).data;
+      this.blocks.push({
+        ln1w: d("ln1.weight"), ln1b: d("ln1.bias"), ln2w: d("ln2.weight"), ln2b: d("ln2.bias"),
+        qkv: transposed(get(p + "attn.qkv.weight")), qkvb: d("attn.qkv.bias"),
+        out: transposed(get(p + "attn.out.weight")), outb: d("attn.out.bias"),
+        ff1: transposed(get(p + "ff.0.weight")), ff1b: d("ff.0.bias"),
+        ff2: transposed(get(p + "ff.2.weight")), ff2b: d("ff.2.bias"),
+      });
+    }
+    this.lnfw = get("ln_f.weight").data; this.lnfb = get("ln_f.bias").data;
+    this.proj = transposed(get("proj.weight")); this.projb = get("proj.bias").data;
+  }
+
+  /** Decoding state for n images: per layer S (N, H, E, E) and z (N, H, E), each image's label row
+   * (0..C-1, or C = no label; labels (N) of -1 or null mean C), plus scratch buffers for `rows` rows. */
+  init(n, labels = null, rows = n) {
+    const {D, H, E, F, P, C} = this;
+    const classes = new Int32Array(n).fill(C);
+    if (labels) {
+      labels.forEach((y, r) => {
+        if (!(Number.isInteger(y) && y >= -1 && y < Math.max(C, 1)) || (y >= 0 && !C))
+          throw new Error(C ? `labels must be class numbers in 0..${C - 1} (or -1 for none), got ${y}`
+            : "this model is unconditional (trained without labels); leave the class at any");
+        classes[r] = y < 0 ? C : y;
+      });
+    }
+    return {
+      n, t: 0, classes,
+      S: this.blocks.map(() => new Float32Array(n * H * E * E)),
+      z: this.blocks.map(() => new Float32Array(n * H * E)),
+      h: new Float32Array(rows * D), a: new Float32Array(rows * D), att: new Float32Array(rows * D),
+      qkv: new Float32Array(rows * 3 * D), ff: new Float32Array(rows * F), params: new Float32Array(n * P),
+    };
+  }
+
+  /** One position for all images: tokens (N) = the bytes at t-1 (256 = START at t = 0).
+   * Fills state.params (N, P); advances state.t. */
+  step(tokens, s) {
+    this.embed(tokens, s, 1);
+    this.layers(s, 1);
+    const {D, P} = this, n = s.n;
+    layerNorm(s.h, n, D, this.lnfw, this.lnfb, this.config.ln_eps, s.a);
+    dense(s.a, n, D, this.proj, this.projb, P, s.params, false);
+    s.t++;
+  }
+
+  /** T positions at once for all images, feeding the state without drawing (a given prefix):
+   * tokens (N, T), image-major, = the bytes at t-1 .. t+T-2 (START first at t = 0). The products
+   * run over all N*T rows together; the attention's recurrence runs position by position, so
+   * the state equals T calls of `step`. Needs init(n, labels, rows >= N*T). Advances state.t by T. */
+  prefill(tokens, T, s) {
+    if (s.h.length < s.n * T * this.D) throw new Error(`prefill of ${T} positions needs init(n, labels, ${s.n * T})`);
+    this.embed(tokens, s, T);
+    this.layers(s, T);
+    s.t += T;
+  }
+
+  /** s.h (N*T, D) = tok + row + col + chan (+ the image's class vector) at positions s.t .. s.t+T-1. */
+  embed(tokens, s, T) {
+    const {D} = this, n = s.n;
+    for (let r = 0; r < n; r++) {
+      const lab = this.label ? s.classes[r] * D : 0;
+      for (let k = 0; k < T; k++) {
+        const t = s.t + k, pixel = Math.floor(t / this.channels), o = (r * T + k) * D;
+        const rowE = Math.floor(pixel / this.width) * D, colE = (pixel % this.width) * D, chanE = (t % this.channels) * D;
+        const tokE = tokens[r * T + k] * D;
+        for (let i = 0; i < D; i++) {
+          const e = this.tok[tokE + i] + this.row[rowE + i] + this.col[colE + i] + this.chan[chanE + i];
+          s.h[o + i] = this.label ? e + this.label[lab + i] : e;
+        }
+      }
+    }
+  }
+
+  /** The blocks over s.h (N*T rows; image r's positions s.t.. are rows r*T .. r*T+T-1). */
+  layers(s, T) {
+    const {D, H, E, F} = this, n = s.n, m = n * T, eps = this.config.ln_eps, attEps = this.config.attention_eps;
+    this.blocks.forEach((b, l) => {
+      layerNorm(s.h, m, D, b.ln1w, b.ln1b, eps, s.a);
+      dense(s.a, m, D, b.qkv, b.qkvb, 3 * D, s.qkv, false);
+      const S = s.S[l], z = s.z[l], qkv = s.qkv, att = s.att;
+      for (let r = 0; r < n; r++) {
+        for (let hh = 0; hh < H; hh++) {
+          const so = (r * H + hh) * E * E, zo = (r * H + hh) * E;
+          for (let k = 0; k < T; k++) {              // the recurrence, position by position
+            const row = r * T + k, q = row * 3 * D + hh * E, kk = q + D, v = q + 2 * D, out = row * D + hh * E;
+            for (let i = 0; i < E; i++) {            // S += phi(k) v^T, z += phi(k)
+              const pk = phi(qkv[kk + i]), si = so + i * E;
+              z[zo + i] += pk;
+              for (let j = 0; j < E; j++) S[si + j] += pk * qkv[v + j];
+            }
+            let den = 0;
+            for (let j = 0; j < E; j++) att[out + j] = 0;
+            for (let i = 0; i < E; i++) {            // phi(q) S and phi(q) z
+              const pq = phi(qkv[q + i]), si = so + i * E;
+              den += pq * z[zo + i];
+              for (let j = 0; j < E; j++) att[out + j] += pq * S[si + j];
+            }
+            const inv = 1 / (den + attEps);
+            for (let j = 0; j < E; j++) att[out + j] *= inv;
+          }
+        }
+      }
+      dense(att, m, D, b.out, b.outb, D, s.h, true);               // h += attention
+      layerNorm(s.h, m, D, b.ln2w, b.ln2b, eps, s.a);
+      dense(s.a, m, D, b.ff1, b.ff1b, F, s.ff, false);
+      for (let i = 0; i < m * F; i++) { const x = s.ff[i]; s.ff[i] = 0.5 * x * (1 + erf(x * Math.SQRT1_2)); }
+      dense(s.ff, m, F, b.ff2, b.ff2b, D, s.h, true);              // h += feed-forward
+    });
+  }
+
+  /** Copy image `from`'s decoding state (S, z per layer) in state `src` to image `to` in `dst`. */
+  copyState(src, from, dst, to) {
+    const {H, E} = this, sS = H * E * E, sZ = H * E;
+    src.S.forEach((S, l) => dst.S[l].set(S.subarray(from * sS, (from + 1) * sS), to * sS));
+    src.z.forEach((z, l) => dst.z[l].set(z.subarray(from * sZ, (from + 1) * sZ), to * sZ));
+  }
+}
+
+const EDGES = Array.from({length: 255}, (_, i) => (i + 0.5) / 127.5 - 1);   // inner bin edges on [-1, 1]
+
+/** Probabilities of the 256 byte values (Float64Array) from one image's parameters (P values at
+ * params[off..]): softmax of 256 logits, or the discretized logistic mixture's CDF at the inner
+ * bin edges, differenced (the head's `probs` in imagegen.likelihood). */
+export function headProbs(config, params, off) {
+  const p = new Float64Array(256);
+  if (config.head === "categorical") {
+    let m = -Infinity, sum = 0;
+    for (let i = 0; i < 256; i++) m = Math.max(m, params[off + i]);
+    for (let i = 0; i < 256; i++) { p[i] = Math.exp(params[off + i] - m); sum += p[i]; }
+    for (let i = 0; i < 256; i++) p[i] /= sum;
+  } else {
+    const K = config.n_mixtures, w = new Float64Array(K);
+    let m = -Infinity, sum = 0;
+    for (let k = 0; k < K; k++) m = Math.max(m, params[off + k]);
+    for (let k = 0; k < K; k++) { w[k] = Math.exp(params[off + k] - m); sum += w[k]; }
+    let prev = 0;
+    for (let e = 0; e < 255; e++) {
+      let cdf = 0;
+      for (let k = 0; k < K; k++) {
+        const mean = params[off + K + k], invS = Math.exp(-Math.max(params[off + 2 * K + k], config.min_log_scale));
+        cdf += (w[k] / sum) / (1 + Math.exp(-(EDGES[e] - mean) * invS));
+      }
+      p[e] = cdf - prev;
+      prev = cdf;
+    }
+    p[255] = 1 - prev;
+  }
+  return p;
+}
+
+const TINY = 2 ** -126;   // float32's smallest normal, where likelihood.guided_probs clamps
+
+/** p (256) to draw from, as imagegen.likelihood.sample: the head's probabilities at params[off..],
+ * with classifier-free guidance (offUncond: the unconditional branch's parameters, or -1) p_c^G
+ * p_u^(1-G) normalised, then sharpened as p^(1/temperature). */
+export function probs(config, params, off, temperature, offUncond = -1, guidance = 1) {
+  let p = headProbs(config, params, off);
+  if (offUncond >= 0 && guidance !== 1) {
+    const pu = headProbs(config, params, offUncond);
+    for (let i = 0; i < 256; i++) p[i] = guidance * Math.log(Math.max(p[i], TINY)) + (1 - guidance) * Math.log(Math.max(pu[i], TINY));
+    p = softmax(p);
+  }
+  if (temperature !== 1) {
+    for (let i = 0; i < 256; i++) p[i] = Math.log(p[i]) / temperature;
+    p = softmax(p);
+  }
+  return p;
+}
+
+/** softmax of 256 logits, in place. */
+function softmax(p) {
+  let m = -Infinity, sum = 0;
+  for (let i = 0; i < 256; i++) m = Math.max(m, p[i]);
+  for (let i = 0; i < 256; i++) { p[i] = Math.exp(p[i] - m); sum += p[i]; }
+  for (let i = 0; i < 256; i++) p[i] /= sum;
+  return p;
+}
+
+/** Inverse CDF: the first byte whose cumulative probability reaches u * total, u in [0, 1). */
+export function draw(p, u) {
+  const cdf = new Float64Array(256);
+  let c = 0;
+  for (let i = 0; i < 256; i++) { c += p[i]; cdf[i] = c; }
+  const target = u * c;
+  for (let i = 0; i < 256; i++) if (cdf[i] >= target) return i;
+  return 255;
+}
+
+/** A seeded uniform generator on [0, 1) (mulberry32): the page's own draws. Its seeds do not
+ * reproduce torch's; explicit uniforms do. */
+export function uniformGenerator(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6D2B79F5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

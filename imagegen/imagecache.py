@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import folder
+from .files import fsync_folder
 from .errors import UserError
 from .lock import exclusive
 
@@ -200,7 +201,7 @@ def commit(cache_dir, names, labels, splits, manifest):
     np.save(buf, meta)
     _atomic_write(cache_dir / names["meta"], buf.getvalue())
     _atomic_write(cache_dir / MANIFEST, json.dumps({"format": 1, **names, **manifest}).encode())
-    _fsync_dir(cache_dir)
+    fsync_folder(cache_dir)
     for old in cache_dir.glob("*-*.npy"):                   # earlier builds' files (open maps keep theirs)
         if old.name not in names.values():
             old.unlink(missing_ok=True)
@@ -260,19 +261,6 @@ def _write_skipped(cache_dir, skipped):
         _atomic_write(path, "".join(f"{p}\t{why}\n" for p, why in skipped).encode("utf-8", "surrogateescape"))
     else:
         path.unlink(missing_ok=True)
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def ensure(root, cache_dir, settings, workers=0, progress=True, say=print, check_only=False, scan_fn=None,

@@ -58,9 +58,9 @@ def cpu_bf16_report():
     CPU capability probes, falling back to the /proc/cpuinfo flags where torch has none."""
     flags = None
     report = {}
-    for key, probe, flag in (("amx", "_is_amx_tile_supported", "amx_bf16"),
+    for key, check, flag in (("amx", "_is_amx_tile_supported", "amx_bf16"),
                              ("avx512_bf16", "_is_avx512_bf16_supported", "avx512_bf16")):
-        found = _torch_flag(probe)
+        found = _torch_flag(check)
         if found is None:
             flags = _cpuinfo_flags() if flags is None else flags
             found = flag in flags

@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable
 
 from ..lock import exclusive, fcntl   # fcntl is None on Windows: builds are not serialised across processes
 from ..paths import data_dir
+from ..probe import cpu_identity   # names the CPU in the build key: a shared build folder never serves one CPU's code to another
 from ..precision import dtype_name
 
 CSRC = data_dir("csrc")
@@ -105,18 +106,6 @@ def _build(device_type):
         detail = (errors or lines or [type(exc).__name__])[0]
         detail = detail if len(detail) <= 300 else detail[:300] + "..."
         raise KernelUnavailable(f"building the {device_type} extension failed: {detail}") from exc
-
-
-def cpu_identity():
-    """The CPU a -march=native build is for: model name and instruction-set flags (/proc/cpuinfo), so
-    that a build folder shared between machines (a network home) never serves one CPU's code to another."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        import platform
-        return platform.processor() or platform.machine()
-    keep = [line for line in text.splitlines() if line.split(":")[0].strip() in ("model name", "flags", "Features")]
-    return "\n".join(sorted(set(keep)))
 
 
 def build_key(files, *settings):

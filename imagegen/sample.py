@@ -77,8 +77,7 @@ def run_sample(cfg, device):
     print(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
     conditioning = ""
     if model.num_classes:
-        conditioning = (f", labels: {'none' if labels is None else 'given'}, guidance {guidance:g}" if labels is not None
-                        else ", no labels")
+        conditioning = f", labels given, guidance {guidance:g}" if labels is not None else ", no labels"
     print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}, "
           f"{dtype_name(dtype)} (precision={cfg['precision']}{precision_reason(cfg['precision'], device, **measured)})"
           f"{conditioning}: {len(seqs) / seconds:.2f} images/sec")

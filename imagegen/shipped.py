@@ -70,11 +70,15 @@ def read(path):
     except (SafetensorError, OSError, ValueError) as e:
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise UserError(f"{path} is not a readable .safetensors file (damaged or truncated: {reason}); {fix}") from None
+    record = meta.get("record", {})
+    guidance = record.get("guidance", 1.0) if isinstance(record, dict) else None
+    if not isinstance(guidance, (int, float)) or isinstance(guidance, bool) or not 0 <= guidance < float("inf"):
+        raise UserError(f"{config_path} records no usable guidance (a number >= 0 under \"record\"); {fix}")
     config = meta["config"]
     data = config.get("data")
     if isinstance(data, dict) and data.get("root") is None and isinstance(data.get("name"), str):
         data["root"] = default_root(data["name"])
-    return {"format": meta.get("format"), "config": config, "model": weights, "record": meta.get("record", {})}
+    return {"format": meta.get("format"), "config": config, "model": weights, "record": record}
 
 
 def shippable_config(config):

@@ -90,6 +90,9 @@ def test_damaged_or_mismatched_safetensors_are_one_sentence(run_checkpoint, tmp_
     meta.write_text(json.dumps(config))
     with pytest.raises(UserError, match="do not fit the architecture"):
         imagegen.load(weights)
+    meta.write_text(json.dumps({**config, "record": {"guidance": "strong"}}))
+    with pytest.raises(UserError, match="no usable guidance"):
+        checkpoint.load(weights)
     meta.write_text("{not json")
     with pytest.raises(UserError, match="not a readable config"):
         checkpoint.load(weights)

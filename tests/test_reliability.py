@@ -231,7 +231,8 @@ def test_unwritable_run_dir_is_one_sentence(mnist_root, tmp_path):
     ("imagegen-sample", ["checkpoint=x.pt", "batch_size=-1"], "batch_size must be a positive number, got -1"),
     ("imagegen-sample", ["checkpoint=x.pt", "batch_size=0"], "batch_size must be a positive number, got 0"),
     ("imagegen-sample", ["model=softmax"], "imagegen-sample takes no model=..."),
-    ("imagegen-sample", [], "imagegen-sample needs checkpoint=..."),
+    ("imagegen-eval", [], "imagegen-eval needs checkpoint=..."),     # imagegen-sample has a default: mnist-linear
+    ("imagegen-sample", ["checkpoint=no-such-model"], "or the name of a shipped model (mnist-linear)"),
     ("imagegen-eval", ["checkpoint=x.pt", "batch_size=0"], "batch_size must be a positive number, got 0"),
     ("imagegen-eval", ["checkpoint=x.pt", "max_images=0"], "max_images must be a positive number, got 0"),
     ("imagegen-bench", ["mode=sampling", "preset=small", "methods=[softmax-kv-cache]", "step_batches=[64]",
@@ -246,7 +247,8 @@ def test_bad_values_are_one_sentence(cmd, args, pattern, tmp_path, mnist_root):
 def test_sampling_batch_that_cannot_fit_is_refused(tmp_path):
     path = tiny_checkpoint(tmp_path / "m.pt", config=lambda p: {**p["config"], "model": {
         **p["config"]["model"], "attention": "softmax"}}, model=lambda p: build_softmax_weights(p))
-    one_line_error(run("imagegen-sample", f"checkpoint={path}", "num_images=1000000000", "batch_size=1000000000",
+    # outputs that fit (the request bound of tests/test_writes.py passes), a batch whose KV cache does not
+    one_line_error(run("imagegen-sample", f"checkpoint={path}", "num_images=1000000", "batch_size=1000000", "scale=1",
                        f"out={tmp_path / 'x.png'}", check=False), "lower batch_size")
 
 

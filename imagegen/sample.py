@@ -16,14 +16,14 @@ from .sampling import completion_rows, generate, grid, resolve_sampler, sampler_
 
 
 def grid_labels(cfg, model):
-    """(labels (n,) or None, images per row, n) of a grid: label=N fills it with one class; a list
-    of labels (or auto, on a class-conditional model: every class) gives each its row of nrow images."""
+    """(labels (n,) or None, n) of a grid: label=N fills it with one class; a list of labels (or
+    auto, on a class-conditional model: every class) gives each its row of nrow images."""
     if not model.num_classes or cfg["labels"] in ("none", None) and cfg["label"] is None:
-        return None, cfg["nrow"], cfg["num_images"]
+        return None, cfg["num_images"]
     if cfg["label"] is not None:
-        return torch.tensor([cfg["label"]]), cfg["nrow"], cfg["num_images"]
+        return torch.tensor([cfg["label"]]), cfg["num_images"]
     rows = list(range(model.num_classes)) if cfg["labels"] == "auto" else cfg["labels"]
-    return torch.tensor(rows).repeat_interleave(cfg["nrow"]), cfg["nrow"], len(rows) * cfg["nrow"]
+    return torch.tensor(rows).repeat_interleave(cfg["nrow"]), len(rows) * cfg["nrow"]
 
 
 def default_out(path, mode):
@@ -53,7 +53,8 @@ def run_sample(cfg, device):
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":
-        labels, nrow, n = grid_labels(cfg, model)
+        labels, n = grid_labels(cfg, model)
+        nrow = cfg["nrow"]
         seqs = generate(model, n, desc=f"{label} sampling", labels=labels, **common)
         images = to_images(seqs, info)
     else:                                    # mode=complete (check_sample allows no other)

@@ -12,7 +12,6 @@ so every command checks and loads either the same way (checkpoint.load). The run
 """
 import json
 import os
-import platform
 from pathlib import Path
 
 from .errors import UserError
@@ -91,30 +90,29 @@ def shippable_config(config):
     return {"model": model, "data": data, "train": dict(config.get("train", {}))}
 
 
+WRITE_FIX = "free space or choose another out=..."
+
+
 def write(stem, config, state_dict, record):
     """Write STEM.safetensors and STEM.json (each atomically, through files.write_bytes); returns the two paths."""
     import torch
     from safetensors.torch import save
 
+    from .files import write_bytes
+
+    weights = Path(stem).with_suffix(".safetensors")
+    tensors = {k: v.detach().to(torch.float32).contiguous().cpu() for k, v in state_dict.items()}
+    write_bytes(weights, save(tensors), "weights", WRITE_FIX)
+    return weights, write_config(stem, config, record)
+
+
+def write_config(stem, config, record):
+    """Write STEM.json alone (the config and record beside STEM.safetensors); returns its path."""
     from .checkpoint import FORMAT
     from .files import write_bytes
 
-    stem = Path(stem)
-    weights, meta = stem.with_suffix(".safetensors"), stem.with_suffix(".json")
-    tensors = {k: v.detach().to(torch.float32).contiguous().cpu() for k, v in state_dict.items()}
+    meta = Path(stem).with_suffix(".json")
     text = json.dumps({"format": FORMAT, "config": shippable_config(config), "record": record}, indent=1) + "\n"
-    fix = "free space or choose another out=..."
-    write_bytes(weights, save(tensors), "weights", fix)
-    write_bytes(meta, text.encode(), "config", fix)
-    return weights, meta
+    write_bytes(meta, text.encode(), "config", WRITE_FIX)
+    return meta
 
-
-def machine():
-    """The CPU, for a model's record: /proc/cpuinfo's model name with its family and model numbers."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                      if ":" in line)
-        fields = {k.strip(): v.strip() for k, v in fields.items()}
-        return f"{fields['model name']} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
-    except (OSError, KeyError):
-        return platform.processor() or platform.machine()

@@ -131,8 +131,8 @@ def model_from_checkpoint(ck, path="checkpoint"):
 def check_compatible(ck, cfg, path):
     """Resuming: the checkpoint's model, data and optimizer must match the current config; other
     training settings may change, and the returned notes say which did."""
-    diffs = [f"model.{k}: {ck['config']['model'].get(k)!r} in checkpoint vs {v!r} now"
-             for k, v in cfg["model"].items() if ck["config"]["model"].get(k) != v]
+    then, now = without_impl(ck["config"]["model"]), without_impl(cfg["model"])
+    diffs = [f"model.{k}: {then.get(k)!r} in checkpoint vs {v!r} now" for k, v in now.items() if then.get(k) != v]
     if ck["config"]["data"]["name"] != cfg["data"]["name"]:
         diffs.append(f"data: {ck['config']['data']['name']} in checkpoint vs {cfg['data']['name']} now")
     if diffs:
@@ -144,5 +144,15 @@ def check_compatible(ck, cfg, path):
                         f"train.optimizer={cfg['train']['optimizer']} "
                         f"now; resume with train.optimizer={old['optimizer']}, or start over with train.resume=false "
                         f"or another run_dir.")
-    return [f"train.{k}: {old[k]!r} -> {v!r}" for k, v in cfg["train"].items()
-            if k in old and old[k] != v and k not in ("resume", "progress", "max_steps", "max_minutes")]
+    impl = [(ck["config"]["model"].get("attention_options") or {}).get("impl", "auto"),
+            (cfg["model"].get("attention_options") or {}).get("impl", "auto")]
+    return ([f"model.attention_options.impl: {impl[0]!r} -> {impl[1]!r}"] if impl[0] != impl[1] else []) + [
+        f"train.{k}: {old[k]!r} -> {v!r}" for k, v in cfg["train"].items()
+        if k in old and old[k] != v and k not in ("resume", "progress")]
+
+
+def without_impl(model_cfg):
+    """A model config without attention_options.impl: which implementation computes the attention
+    (C++ kernel, chunked PyTorch, Triton) is not part of the architecture, so a run may resume with another."""
+    opts = {k: v for k, v in (model_cfg.get("attention_options") or {}).items() if k != "impl"}
+    return {**model_cfg, "attention_options": opts}

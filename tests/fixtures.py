@@ -163,3 +163,12 @@ def write_imagenet(root, size=8, batches=(5, 3), n_val=4, seed=0, subfolder="Ima
         np.savez(Path(root) / name, data=data, labels=labels, mean=np.zeros(3 * size * size))
         out[name] = (data, labels)
     return out
+
+
+def skip_without_cpu_kernel(why):
+    """Skip a test that needs the compiled CPU kernel, or fail it where IMAGEGEN_REQUIRE_KERNEL=1 (CI
+    sets it: there a kernel that does not build fails the suite instead of hiding behind skips)."""
+    import pytest
+    if os.environ.get("IMAGEGEN_REQUIRE_KERNEL") == "1":
+        pytest.fail(f"{why}, and IMAGEGEN_REQUIRE_KERNEL=1 requires it")
+    pytest.skip(why)

@@ -8,25 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_mixtures=2",
-        "train.batch_size=4", "train.val_every=3", "train.val_images=4", "train.log_every=1", "train.warmup_steps=2",
-        "threads=1", "train.progress=false"]
-
-
-def run(cmd, *args, check=True):
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    exe = os.path.join(os.path.dirname(sys.executable), cmd)
-    proc = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
-    if check and proc.returncode:
-        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def one_line_error(proc, pattern):
-    assert proc.returncode != 0
-    err = proc.stderr.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    assert pattern in err, err
+from commands import TINY, call, one_line_error, run
 
 
 @pytest.mark.slow
@@ -71,15 +53,16 @@ def test_train_and_eval_cifar(model, cifar_root, tmp_path):
     (["data.root=/nonexistent", "run_dir=/tmp/imagegen-never"], "MNIST not found"),
     (["train.bf16=maybe", "run_dir=/tmp/imagegen-never"], "train.bf16 must be auto, true or false, not 'maybe'."),
 ])
-def test_train_errors_are_one_sentence(args, pattern):
-    one_line_error(run("imagegen-train", *args, check=False), pattern)
+def test_train_errors_are_one_sentence(args, pattern, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(call("imagegen-train", *args), pattern)
 
 
 def test_eval_errors_are_one_sentence(tmp_path):
     junk = tmp_path / "model.pt"
     junk.write_bytes(b"\x00" * 100)
-    one_line_error(run("imagegen-eval", f"checkpoint={junk}", check=False), "not a readable checkpoint")
-    one_line_error(run("imagegen-eval", f"checkpoint={tmp_path / 'nope.pt'}", check=False), "does not exist")
+    one_line_error(call("imagegen-eval", f"checkpoint={junk}"), "not a readable checkpoint")
+    one_line_error(call("imagegen-eval", f"checkpoint={tmp_path / 'nope.pt'}"), "does not exist")
 
 
 @pytest.mark.slow
@@ -98,6 +81,7 @@ def test_sample_grid_and_completion(mnist_root, tmp_path):
     assert Image.open(out).size == (5 * 30 + 2, 2 * 30 + 2)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the setting is glibc's")
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_keep_freed_memory(setting):
@@ -117,6 +101,7 @@ def test_keep_freed_memory(setting):
     assert faults < 1000 if setting == "1" else faults > 30000
 
 
+@pytest.mark.slow
 def test_bench_attention_and_train_step_tables(tmp_path):
     """The kernels benchmarks run end to end on tiny shapes: one row per dtype and impl (precision
     and attention), each with a time and a ratio to softmax, in the JSON and the Markdown table."""

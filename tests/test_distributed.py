@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from test_cli import TINY, run
+from commands import TINY, run
 
 # 10 steps of a tiny model; global batch 4 = 2 per rank on 2 processes; a constant learning rate after
 # warmup, so that a run stopped by train.max_steps=5 is the first half of a 10-step run; float32 (under
@@ -162,6 +162,7 @@ main()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
 @pytest.mark.parametrize("end", ["done", "interrupt"])
 def test_teardown_ends_gloo_threads(end, mnist_root, tmp_path):
@@ -176,6 +177,7 @@ def test_teardown_ends_gloo_threads(end, mnist_root, tmp_path):
         assert "gloo threads after teardown: []" in out, out + err
 
 
+@pytest.mark.slow
 def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):
     procs = ranks("-m", "imagegen.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}", f"run_dir={tmp_path}")
     for p in procs:
@@ -184,6 +186,7 @@ def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):
         assert err.strip() == "error: train.batch_size=5 does not divide among 2 processes; use a multiple of 2.", err
 
 
+@pytest.mark.slow
 def test_slurm_launcher_config_composes():
     """conf/hydra/launcher/slurm.yaml extends Hydra's submitit launcher (the slurm extra, in dev)."""
     proc = run("imagegen-train", "hydra/launcher=slurm", "--cfg", "hydra")

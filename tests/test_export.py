@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from commands import call, one_line_error
 from imagegen import checkpoint
 from imagegen.benchmarks.browser import CHROMIUM, FLAGS, serve as serve_folder
 from imagegen.data import dataset_info
@@ -156,6 +157,7 @@ def run_in_page(page, **opts):
 
 
 # ---------------------------------------------------------------- exactness against Python
+@pytest.mark.slow
 @pytest.mark.parametrize("head,dataset,temperature", [("mixture", "mnist", 1.0), ("categorical", "cifar10", 0.8)])
 def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset, temperature):
     ck = tiny_checkpoint(tmp_path / "tiny.pt", head=head, dataset=dataset)
@@ -180,6 +182,7 @@ def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset,
     assert page.errors == []
 
 
+@pytest.mark.slow
 def test_completion_keeps_the_top_half(browser, serve, tmp_path):
     ck = tiny_checkpoint(tmp_path / "tiny.pt", seed=1)
     model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
@@ -194,6 +197,7 @@ def test_completion_keeps_the_top_half(browser, serve, tmp_path):
     assert page.evaluate("window.imagegen.progress") == [f"row {i} of 14" for i in range(1, 15)]   # sampled rows only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("labels,guidance", [(None, 2.5), ([3, 7], 1.0), ([3, 7], 2.5), ([3, -1], 0.5)])
 def test_conditional_page_matches_python(browser, serve, tmp_path, labels, guidance):
     """A class-conditional model: labels and classifier-free guidance draw Python's bytes
@@ -217,6 +221,7 @@ def test_conditional_page_matches_python(browser, serve, tmp_path, labels, guida
     assert page.errors == []
 
 
+@pytest.mark.slow
 def test_conditional_completion_shares_the_prefix(browser, serve, tmp_path):
     """One prefix for every image, two labels and guidance: the prefix is fed once per (label, branch)
     and copied, and the completions equal Python's."""
@@ -235,6 +240,7 @@ def test_conditional_completion_shares_the_prefix(browser, serve, tmp_path):
     assert page.evaluate("window.imagegen.progress") == [f"row {i} of 23" for i in range(1, 24)]
 
 
+@pytest.mark.slow
 def test_page_refuses_bad_labels(browser, serve, tmp_path):
     conditional = tiny_checkpoint(tmp_path / "c.pt", head="categorical", num_classes=10)
     page = open_page(browser, serve(export_site(conditional, tmp_path / "c")) + "?autostart=0")
@@ -247,6 +253,7 @@ def test_page_refuses_bad_labels(browser, serve, tmp_path):
     assert page.locator("#classView").is_hidden()          # no class picker for an unconditional model
 
 
+@pytest.mark.slow
 def test_batched_products_equal_the_reference(browser, serve, tmp_path):
     """sampler.js's dense (2 outputs x 4 images per block, leftovers one by one) against denseReference."""
     ck = tiny_checkpoint(tmp_path / "tiny.pt")
@@ -269,6 +276,7 @@ def test_batched_products_equal_the_reference(browser, serve, tmp_path):
     assert worst < 1e-6
 
 
+@pytest.mark.slow
 def test_page_layout_of_completions_and_mode_switch(browser, serve, tmp_path, mnist_root):
     """16 completions in a 1,100 px window wrap into a grid (the page never scrolls sideways), report
     only the sampled rows, and switching mode takes the grid off the page."""
@@ -310,6 +318,7 @@ def test_config_json_counts_the_model_and_names_the_classes(tmp_path):
 
 
 # ---------------------------------------------------------------- the page as a visitor sees it
+@pytest.mark.slow
 def test_page_samples_a_grid_from_the_local_server_only(browser, serve, tmp_path, mnist_root):
     ck = tiny_checkpoint(tmp_path / "tiny.pt", data_root=mnist_root)
     site = export_site(ck, tmp_path / "site", examples=4)
@@ -364,7 +373,4 @@ def test_export_errors_are_one_sentence(tmp_path):
     with pytest.raises(UserError, match="could not write site .*pass out=DIR"):
         export_site(ck, tmp_path / "file" / "site")
     # through the console script: one line on stderr, no traceback
-    proc = subprocess.run([sys.executable, "-m", "imagegen.export", f"checkpoint={bad}", f"out={tmp_path / 'site'}"],
-                          capture_output=True, text=True, timeout=120)
-    err = proc.stderr.strip()
-    assert proc.returncode != 0 and len(err.splitlines()) == 1 and "not a readable checkpoint" in err, err
+    one_line_error(call("imagegen-export", f"checkpoint={bad}", f"out={tmp_path / 'site'}"), "not a readable checkpoint")

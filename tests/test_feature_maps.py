@@ -18,6 +18,7 @@ from imagegen.errors import UserError
 from imagegen.model import build_model
 from imagegen.ops import kernel as kernel_mod, triton_linear
 from imagegen.ops.gated_linear import gated_chunked, gated_reference, gated_step
+from fixtures import skip_without_cpu_kernel
 
 MAPS = sorted(FEATURE_MAPS)
 GATES = ["none", "head", "input"]
@@ -58,7 +59,7 @@ def close(got, want, tol):
 def cpu_kernel():
     why = kernel_mod.kernel_error("cpu")
     if why is not None:
-        pytest.skip(f"CPU kernel unavailable: {why}")
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
 
 
 # ---------------------------------------------------------------- each map on each implementation

@@ -58,6 +58,18 @@ def wait_for(condition, timeout, what):
         time.sleep(0.05)
 
 
+def compiler_running(pgid):
+    """Whether a C++ compiler (cc1plus, or the c++/g++ driver) runs in process group `pgid`."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.getpgid(int(proc.name)) == pgid:
+                if any(name in (proc / "comm").read_text() for name in ("cc1plus", "c++", "g++")):
+                    return True
+        except (OSError, ProcessLookupError):        # gone meanwhile
+            continue
+    return False
+
+
 def test_build_key_follows_sources_flags_and_names(tmp_path):
     a, b = tmp_path / "a.cpp", tmp_path / "b.h"
     a.write_text("int f() { return 1; }\n")
@@ -127,20 +139,20 @@ def holder(d, seconds, text, log):
         proc.wait()
 
 
+@pytest.mark.slow
 @needs_flock
 def test_killed_builder_leaves_no_lock_that_stops_the_next(tmp_path, capfd):
     d = tmp_path / "build"
     with holder(d, 600, "never", tmp_path / "holder.log") as proc:
         os.killpg(proc.pid, signal.SIGKILL)
     assert (d / "lock").exists()                     # torch's lock file, left behind
-    begin = time.monotonic()
     assert locked_build(d, build=lambda: "rebuilt", load=lambda: pytest.fail("loaded"), what="it") == "rebuilt"
-    assert time.monotonic() - begin < 5
-    err = capfd.readouterr().err
+    err = capfd.readouterr().err                     # the dead builder's lock removed at once, never waited on
     assert "removing torch's build lock" in err and "waiting" not in err
     assert not (d / "lock").exists()
 
 
+@pytest.mark.slow
 @needs_flock
 def test_concurrent_build_waits_saying_so_then_reuses(tmp_path, capfd):
     d = tmp_path / "build"
@@ -177,16 +189,14 @@ def test_real_kernel_build_killed_concurrent_and_reused(tmp_path):
         first = start(["-c", KERNEL_CHECK], logs[0], **run)
         procs.append(first)
         wait_for(lambda: list(ext.glob("imagegen_causal_product_cpu_*/lock")), 120, "the first build to take torch's lock")
-        time.sleep(1.5)                                  # mid-compile
+        wait_for(lambda: compiler_running(first.pid), 120, "the first build's compiler to start")     # mid-compile
         os.killpg(first.pid, signal.SIGKILL)             # the process and its compiler
         first.wait()
         assert list(ext.glob("imagegen_causal_product_cpu_*/lock")), "torch's lock was not left behind"
 
-        begin = time.monotonic()
         second = start(["-c", KERNEL_CHECK], logs[1], **run)
         procs.append(second)
         wait_for(lambda: "compiling the C++ kernel for cpu" in text[1](), 30, "the next build to start compiling")
-        started_after = time.monotonic() - begin
         assert "removing torch's build lock" in text[1]()
         third = start(["-c", KERNEL_CHECK], logs[2], **run)
         procs.append(third)
@@ -197,7 +207,6 @@ def test_real_kernel_build_killed_concurrent_and_reused(tmp_path):
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-    assert started_after < 15
     assert "compiling the C++ kernel for cpu done in" in text[1]()
     assert "imagegen: compiling" not in text[2]()        # reused the second's build
     for p in (second, third):

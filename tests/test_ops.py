@@ -13,6 +13,7 @@ import torch
 from imagegen import ops
 from imagegen.ops import kernel as kernel_mod
 from imagegen.ops.causal_linear import causal_product_reference
+from fixtures import skip_without_cpu_kernel
 
 CPU_IMPLS = ["cumsum", "chunked", "kernel", "auto"]
 SHAPES = [  # N, H, L, E, M
@@ -54,7 +55,7 @@ def assert_close_all(got, want, **tol):
 def cpu_kernel():
     why = kernel_mod.kernel_error("cpu")
     if why is not None:
-        pytest.skip(f"CPU kernel unavailable: {why}")
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 64, 100, 1000])

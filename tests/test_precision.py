@@ -10,7 +10,8 @@ from imagegen import precision
 from imagegen.errors import UserError
 from imagegen.layers import PACK_MIN_ROWS, can_pack, dense, pack
 from imagegen.model import PixelTransformer
-from test_cli import TINY, one_line_error, run
+from commands import TINY, one_line_error, run
+from fixtures import skip_without_cpu_kernel
 
 CPU = torch.device("cpu")
 
@@ -147,7 +148,7 @@ def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl, b
     want, _ = decode_params(model, x, torch.float32, whole_model_kernel)
     got, state = decode_params(model, x, torch.bfloat16, whole_model_kernel)
     if attention == "linear" and impl == "auto" and "fused" not in state["layers"][0]:
-        pytest.skip("the fused CPU kernel is unavailable")
+        skip_without_cpu_kernel("the fused CPU kernel is unavailable")
     assert ("kernel" in state) == (whole_model_kernel and impl == "auto")
     layer = state["layers"][0]
     assert layer["qkv"][0].dtype == layer["ff"][1][0].dtype == torch.bfloat16       # converted once, here
@@ -169,7 +170,7 @@ def test_one_call_bfloat16_step_equals_the_module_loop(batch, d_model):
     x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(2))
     fast, state = decode_params(model, x, torch.bfloat16, True)
     if "kernel" not in state:
-        pytest.skip("the fused CPU kernel is unavailable")
+        skip_without_cpu_kernel("the fused CPU kernel is unavailable")
     slow, _ = decode_params(model, x, torch.bfloat16, False)
     torch.testing.assert_close(fast, slow, atol=1e-2, rtol=1e-2)
 
@@ -222,7 +223,7 @@ def test_decode_linear_against_float64(N, K, O, dtype):
     no more than the output's rounding (2^-8 relative for bfloat16) plus float32 summing."""
     from imagegen.ops.kernel import kernel_error, load_kernel
     if kernel_error("cpu") is not None:
-        pytest.skip("the CPU kernel is unavailable")
+        skip_without_cpu_kernel("the CPU kernel is unavailable")
     g = torch.Generator().manual_seed(N * K + O)
     x = torch.randn(N, K, generator=g)
     W, b = torch.randn(K, O, generator=g).to(dtype), torch.randn(O, generator=g).to(dtype)

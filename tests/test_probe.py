@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from imagegen import ops, precision, probe
+from fixtures import skip_without_cpu_kernel
 
 CPU = torch.device("cpu")
 
@@ -151,7 +152,7 @@ def test_real_precision_probes_time_the_products(probes_on):
 
 def kernel_or_skip():
     if ops.kernel_error("cpu") is not None:
-        pytest.skip("the CPU kernel is not built here")
+        skip_without_cpu_kernel("the CPU kernel is not built here")
 
 
 @pytest.mark.parametrize("kernel_ms, impl", [(5.0, "kernel"), (30.0, "chunked"), (9.0, "chunked")])

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from test_cli import TINY, one_line_error, run
+from commands import TINY, call, one_line_error, run
 
 TRAIN = ["model=linear", *TINY, "train.val_every=5", "train.sample_every=0", "train.save_every=1"]
 
@@ -129,8 +129,8 @@ def test_hostile_checkpoint_runs_nothing(tmp_path):
 
     bad = tmp_path / "hostile.pt"
     torch.save({"format": "imagegen/1", "config": {}, "model": {}, "x": Payload()}, bad)
-    one_line_error(run("imagegen-eval", f"checkpoint={bad}", check=False), "is not a readable checkpoint")
-    one_line_error(run("imagegen-sample", f"checkpoint={bad}", check=False), "is not a readable checkpoint")
+    one_line_error(call("imagegen-eval", f"checkpoint={bad}"), "is not a readable checkpoint")
+    one_line_error(call("imagegen-sample", f"checkpoint={bad}"), "is not a readable checkpoint")
     assert not marker.exists()
 
 
@@ -174,14 +174,13 @@ def poisoned(kind):
 def test_damaged_checkpoints_are_one_sentence(tmp_path, changes, pattern):
     path = tiny_checkpoint(tmp_path / "bad.pt", **changes)
     for cmd, extra in (("imagegen-eval", []), ("imagegen-sample", ["num_images=1"])):
-        one_line_error(run(cmd, f"checkpoint={path}", *extra, f"out={tmp_path / 'x.png'}" if extra else "split=test",
-                           check=False), pattern)
+        one_line_error(call(cmd, f"checkpoint={path}", *extra, f"out={tmp_path / 'x.png'}" if extra else "split=test"), pattern)
 
 
 def test_resume_from_a_checkpoint_without_training_state(mnist_root, tmp_path):
     tiny_checkpoint(tmp_path / "last.pt")
-    one_line_error(run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}",
-                       "model.n_layers=1", "model.d_model=8", "model.d_ff=16", check=False),
+    one_line_error(call("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}",
+                       "model.n_layers=1", "model.d_model=8", "model.d_ff=16"),
                    "holds no optimizer state to resume from")
 
 
@@ -211,7 +210,7 @@ def test_unwritable_run_dir_is_one_sentence(mnist_root, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
-    one_line_error(run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={ro / 'run'}", check=False),
+    one_line_error(call("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={ro / 'run'}"),
                    "Permission denied")
 
 
@@ -238,9 +237,10 @@ def test_unwritable_run_dir_is_one_sentence(mnist_root, tmp_path):
     ("imagegen-bench", ["mode=sampling", "preset=small", "methods=[softmax-kv-cache]", "step_batches=[64]",
                         "max_cache_gb=0.001"], "every batch size was skipped"),
 ])
-def test_bad_values_are_one_sentence(cmd, args, pattern, tmp_path, mnist_root):
+def test_bad_values_are_one_sentence(cmd, args, pattern, tmp_path, mnist_root, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     extra = [f"data.root={mnist_root}", f"run_dir={tmp_path / 'run'}"] if cmd == "imagegen-train" else []
-    one_line_error(run(cmd, *extra, *args, check=False), pattern)
+    one_line_error(call(cmd, *extra, *args), pattern)
     assert not (tmp_path / "run" / "last.pt").exists()
 
 
@@ -248,8 +248,8 @@ def test_sampling_batch_that_cannot_fit_is_refused(tmp_path):
     path = tiny_checkpoint(tmp_path / "m.pt", config=lambda p: {**p["config"], "model": {
         **p["config"]["model"], "attention": "softmax"}}, model=lambda p: build_softmax_weights(p))
     # outputs that fit (the request bound of tests/test_writes.py passes), a batch whose KV cache does not
-    one_line_error(run("imagegen-sample", f"checkpoint={path}", "num_images=1000000", "batch_size=1000000", "scale=1",
-                       f"out={tmp_path / 'x.png'}", check=False), "lower batch_size")
+    one_line_error(call("imagegen-sample", f"checkpoint={path}", "num_images=1000000", "batch_size=1000000", "scale=1",
+                       f"out={tmp_path / 'x.png'}"), "lower batch_size")
 
 
 def build_softmax_weights(payload):
@@ -258,6 +258,7 @@ def build_softmax_weights(payload):
     return build_model({**payload["config"]["model"], "attention": "softmax"}, dataset_info("mnist")).state_dict()
 
 
+@pytest.mark.slow
 def test_checkpoint_stores_absolute_data_root(mnist_root, tmp_path):
     rel = os.path.relpath(mnist_root, tmp_path)
     subprocess.run([os.path.join(os.path.dirname(sys.executable), "imagegen-train"), *TRAIN, f"data.root={rel}",

@@ -223,6 +223,7 @@ def test_impl_triton_errors_name_the_fix():
         triton_linear.linear_attention_triton(q.float(), k.float(), v.float(), eps=ops.EPS, chunk=24)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dims, dtype", [("128", "float32"), ("32", "bfloat16")])
 def test_kernels_compile_for_sm90_within_shared_memory(dims, dtype):
     """What the launches compile to on a GPU, compiled here for sm_90 (no GPU needed, Triton's compiler
@@ -236,6 +237,7 @@ def test_kernels_compile_for_sm90_within_shared_memory(dims, dtype):
     assert len(lines) == 5 and all(ln.endswith("ok") for ln in lines), proc.stdout
 
 
+@pytest.mark.slow
 def test_cpu_users_never_import_triton():
     """With triton unimportable: imagegen imports, trains a step and samples on the CPU, and the
     Triton check says why it cannot run."""

@@ -8,12 +8,12 @@ from imagegen.cli import command_name
 from imagegen.config import SCHEMAS, describe
 from imagegen.errors import UserError
 from imagegen.runstate import Budget, RunState
-from test_cli import TINY, one_line_error, run
+from commands import TINY, call, one_line_error, run
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_help_describes_every_option(name):
-    out = run(*command_name(name).split(), "--help").stdout        # imagegen-data prepare: a command and a verb
+    out = call(*command_name(name).split(), "--help").stdout        # imagegen-data prepare: a command and a verb
     assert out.startswith(f"{command_name(name)}: ")
     for key, kind, text in describe(SCHEMAS[name]):
         assert text, f"{name}: {key} has no help sentence"
@@ -22,9 +22,9 @@ def test_help_describes_every_option(name):
 
 
 def test_commands_take_only_their_config_groups():
-    out = run("imagegen-sample", "--help").stdout
+    out = call("imagegen-sample", "--help").stdout
     assert "config groups" not in out and "preset" not in out
-    one_line_error(run("imagegen-eval", "preset=small", check=False), "imagegen-eval takes no preset=...")
+    one_line_error(call("imagegen-eval", "preset=small"), "imagegen-eval takes no preset=...")
 
 
 def test_progress_total_follows_the_time_budget():
@@ -46,7 +46,7 @@ def test_progress_bar_under_a_minute_budget(mnist_root, tmp_path):
 def test_sample_writes_beside_the_checkpoint_by_default(tmp_path):
     from test_reliability import tiny_checkpoint
     path = tiny_checkpoint(tmp_path / "best.pt")
-    proc = run("imagegen-sample", f"checkpoint={path}", "num_images=2", "progress=false")
+    proc = call("imagegen-sample", f"checkpoint={path}", "num_images=2", "progress=false")
     assert (tmp_path / "best-grid.png").exists() and f"wrote {tmp_path / 'best-grid.png'}" in proc.stdout
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_cli import TINY, one_line_error, run
+from commands import TINY, call, one_line_error, run
 from test_reliability import TRAIN, logged_steps, start, tiny_checkpoint, wait_for_step
 
 # Runs the console script named by argv[1] in this interpreter after the patch in $PATCH (Python
@@ -137,6 +137,7 @@ def test_a_symlink_at_the_temporary_name_is_never_written_through(tmp_path):
 
 
 # ---------------------------------------------------------------- training: disk full, read-only
+@pytest.mark.slow
 def test_disk_full_during_training_is_one_sentence_and_resumes(mnist_root, tmp_path):
     """torch's zip writer fails on the 4th checkpoint write (injected): one sentence naming the file,
     the previous last.pt intact, no temporary file left, and the same command resumes."""
@@ -149,6 +150,7 @@ def test_disk_full_during_training_is_one_sentence_and_resumes(mnist_root, tmp_p
     assert "resuming" in run("imagegen-train", *args).stdout and step >= 1
 
 
+@pytest.mark.slow
 def test_real_full_disk_during_training(mnist_root, tmp_path):
     """The same on a real 400 KiB tmpfs: room for last.pt and best.pt, not for a third copy."""
     with tmpfs(tmp_path / "small", "400k") as small:
@@ -160,6 +162,7 @@ def test_real_full_disk_during_training(mnist_root, tmp_path):
         torch.load(run_dir / "last.pt", weights_only=True)        # intact
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("real", [False, True])
 def test_read_only_run_dir_is_one_sentence(mnist_root, tmp_path, real):
     """Hydra wrote run_dir/.hydra before the project's checks ran and failed with its own OSError."""
@@ -178,6 +181,7 @@ def test_read_only_run_dir_is_one_sentence(mnist_root, tmp_path, real):
 
 
 # ---------------------------------------------------------------- a run dir belongs to one run
+@pytest.mark.slow
 def test_fresh_run_never_replaces_a_finished_runs_checkpoints(mnist_root, tmp_path):
     args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}"]
     run("imagegen-train", *args, "train.max_steps=6")
@@ -193,6 +197,7 @@ def test_fresh_run_never_replaces_a_finished_runs_checkpoints(mnist_root, tmp_pa
     assert logged_steps(tmp_path) == [1, 2]                                         # the new run's rows only
 
 
+@pytest.mark.slow
 def test_rows_of_a_run_killed_before_its_first_checkpoint_are_set_aside(mnist_root, tmp_path):
     """kill -9 before the first checkpoint, then the same command: steps appear once in metrics.jsonl."""
     args = ["train.save_every=1000", "train.val_every=1000", "train.max_steps=100000"]
@@ -277,6 +282,7 @@ def optimizer_lr(ck):
     (state("elapsed", float("inf")), "its run state's elapsed is inf"),
     (state("step", 10 ** 12), "its run state's step is 1000000000000, not a whole number from 0 to"),
 ])
+@pytest.mark.slow
 def test_resume_from_a_bad_checkpoint_is_one_sentence(trained, mnist_root, tmp_path, change, pattern):
     ck = torch.load(trained, weights_only=True)
     change(ck)
@@ -310,7 +316,7 @@ def test_checkpoints_that_cannot_be_built_are_refused_before_allocating(tmp_path
     for cmd, extra in (("imagegen-eval", ["split=test"]),
                        ("imagegen-sample", ["num_images=1", f"out={tmp_path}/x.png"]),
                        ("imagegen-export", [f"out={tmp_path / 'site'}"])):
-        one_line_error(run(cmd, f"checkpoint={path}", *extra, check=False), pattern)
+        one_line_error(call(cmd, f"checkpoint={path}", *extra), pattern)
 
 
 def test_misleading_messages(tmp_path, cifar_root, mnist_root):
@@ -319,7 +325,7 @@ def test_misleading_messages(tmp_path, cifar_root, mnist_root):
     run_dir = tmp_path / "run"
     tiny_checkpoint(run_dir / "best.pt")
     tiny_checkpoint(run_dir / "last.pt")
-    one_line_error(run("imagegen-eval", f"checkpoint={run_dir}", check=False),
+    one_line_error(call("imagegen-eval", f"checkpoint={run_dir}"),
                    f"checkpoint {run_dir} is a folder, not a checkpoint file: it holds best.pt, last.pt")
 
     class Payload:
@@ -327,10 +333,10 @@ def test_misleading_messages(tmp_path, cifar_root, mnist_root):
             return os.system, ("true",)
     bad = tmp_path / "hostile.pt"
     torch.save({"x": Payload()}, bad)
-    proc = run("imagegen-eval", f"checkpoint={bad}", check=False)
+    proc = call("imagegen-eval", f"checkpoint={bad}")
     one_line_error(proc, "asks to import posix.system, which a safe load (weights_only) refuses to run")
 
-    proc = run("imagegen-bench", "mode=compare", f"checkpoints=[{tmp_path / 'nope.pt'}]", check=False)
+    proc = call("imagegen-bench", "mode=compare", f"checkpoints=[{tmp_path / 'nope.pt'}]")
     one_line_error(proc, "pass checkpoints=[a.pt,b.pt,...]")
 
     from imagegen.data import dataset_info
@@ -339,8 +345,8 @@ def test_misleading_messages(tmp_path, cifar_root, mnist_root):
              "n_mixtures": 2, "dropout": 0.0, "attention_options": {}}
     cifar = tiny_checkpoint(tmp_path / "cifar.pt", config=lambda p: {**p["config"], "data": {
         **p["config"]["data"], "name": "cifar10"}}, model=build_model(model, dataset_info("cifar10")).state_dict())
-    proc = run("imagegen-sample", f"checkpoint={cifar}", "mode=complete", f"data.root={mnist_root}",
-               f"out={tmp_path / 'c.png'}", check=False)
+    proc = call("imagegen-sample", f"checkpoint={cifar}", "mode=complete", f"data.root={mnist_root}",
+               f"out={tmp_path / 'c.png'}")
     one_line_error(proc, "(which holds MNIST files, not CIFAR-10)")
 
 
@@ -353,12 +359,13 @@ def test_misleading_messages(tmp_path, cifar_root, mnist_root):
 def test_sampling_request_too_large_is_refused_before_the_first_batch(tmp_path, args, pattern):
     path = tiny_checkpoint(tmp_path / "m.pt")
     began = time.perf_counter()
-    proc = run("imagegen-sample", f"checkpoint={path}", *args, f"out={tmp_path / 'x.png'}", check=False)
+    proc = call("imagegen-sample", f"checkpoint={path}", *args, f"out={tmp_path / 'x.png'}")
     one_line_error(proc, pattern)
     assert "at most about" in proc.stderr and time.perf_counter() - began < 120
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("real", [False, True])
 def test_full_disk_leaves_no_empty_png(tmp_path, real):
     path = tiny_checkpoint(tmp_path / "m.pt")
@@ -382,6 +389,7 @@ def export(ck, out, *extra, check=False):
     return run("imagegen-export", f"checkpoint={ck}", f"out={out}", "examples=0", *extra, check=check)
 
 
+@pytest.mark.slow
 def test_export_never_writes_through_symlinks(tmp_path, linear_ck):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -398,6 +406,7 @@ def test_export_never_writes_through_symlinks(tmp_path, linear_ck):
     assert not (site / "page.js").is_symlink() and (site / "model.safetensors").stat().st_size > 100
 
 
+@pytest.mark.slow
 def test_export_keeps_a_users_own_files_and_replaces_its_own(tmp_path, linear_ck):
     site = tmp_path / "site"
     site.mkdir()
@@ -411,6 +420,7 @@ def test_export_keeps_a_users_own_files_and_replaces_its_own(tmp_path, linear_ck
     assert (site / "notes.txt").read_text() == "mine" and "<html" in (site / "index.html").read_text().lower()
 
 
+@pytest.mark.slow
 def test_export_failing_halfway_leaves_the_old_site(tmp_path, linear_ck):
     site = tmp_path / "site"
     export(linear_ck, site, check=True)
@@ -430,6 +440,7 @@ def test_export_failing_halfway_leaves_the_old_site(tmp_path, linear_ck):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []   # no staging folder left
 
 
+@pytest.mark.slow
 def test_export_on_a_real_full_disk(tmp_path, linear_ck):
     with tmpfs(tmp_path / "small", "16k") as small:
         one_line_error(export(linear_ck, small / "site"), f"could not write site {small / 'site'} (nothing was "
@@ -458,6 +469,7 @@ open(%r, "w").write("SIGTERM" if got else "none")
 """
 
 
+@pytest.mark.slow
 def test_parent_death_stops_a_rank_as_sigterm(tmp_path):
     marker = tmp_path / "marker"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD % str(marker)], stdout=subprocess.PIPE, text=True)
@@ -504,6 +516,7 @@ def test_killing_torchrun_stops_both_ranks(mnist_root, tmp_path):
     assert torch.load(tmp_path / "last.pt", weights_only=True)["state"]["step"] >= 2   # saved as on SIGTERM
 
 
+@pytest.mark.slow
 def test_next_download_removes_a_dead_downloads_part_file(tmp_path):
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)

@@ -31,7 +31,8 @@ def eval_json(path, split):
     """Where imagegen-eval writes a checkpoint's result on a split (read back by the compare benchmark):
     beside the checkpoint, or in the current folder for a shipped model (the package's folder is not ours)."""
     path = shipped.resolve(path)
-    return Path(f"{path.stem}.{split}.json") if shipped.is_shipped(path) else path.with_name(f"{path.stem}.{split}.json")
+    name = f"{path.stem}.{split}.json"
+    return Path(name) if shipped.is_shipped(path) else path.with_name(name)
 
 
 def load(path, hint="checkpoint=PATH"):

@@ -54,7 +54,8 @@ class GraphedStep:
             self.cls = model.class_vectors(None, batch, device)    # (N, D) class vectors, or None
         self.fn = self.eager
         if compile:
-            for buffer in [self.t, *(state["S"] for state in self.layers)] + ([self.cls] if self.cls is not None else []):
+            extra = [self.cls] if self.cls is not None else []
+            for buffer in [self.t, *(state["S"] for state in self.layers), *extra]:
                 torch._dynamo.mark_static_address(buffer)
             self.fn = torch.compile(self.eager, mode="reduce-overhead", fullgraph=True, dynamic=False)
 

@@ -237,7 +237,8 @@ def build(root, cache_dir, settings, scan, workers=0, progress=True, say=print):
     if not kept:
         out.discard()
         if not entries:
-            raise UserError(f"no image files under {root} (Pillow reads {', '.join(sorted(folder.image_suffixes())[:8])}"
+            suffixes = ", ".join(sorted(folder.image_suffixes())[:8])
+            raise UserError(f"no image files under {root} (Pillow reads {suffixes}"
                             f", ...); point data.root at a folder of images.")
         raise UserError(f"none of the {len(entries)} image files under {root} could be read (each is listed with its "
                         f"reason in {cache_dir / 'skipped.txt'}); point data.root at a folder of readable images.")

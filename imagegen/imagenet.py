@@ -133,7 +133,8 @@ def build(root, cache_dir, settings, scan, workers=0, progress=True, say=print):
     seconds = time.perf_counter() - start
     manifest = {"root": str(root), "settings": vars(settings), "versions": imagecache._versions(),
                 "rows": out.rows, "class_names": list(scan.class_names), "outside": [], "skipped": 0,
-                "seconds": round(seconds, 3), "workers": 1, "files": [[e.path, e.size, e.mtime_ns] for e in scan.entries]}
+                "seconds": round(seconds, 3), "workers": 1,
+                "files": [[e.path, e.size, e.mtime_ns] for e in scan.entries]}
     imagecache.commit(cache_dir, names, np.concatenate(labels), np.concatenate(splits), manifest)
     say(f"converted {out.rows} images from {len(scan.entries)} npz files under {root} in {seconds:.1f} s into "
         f"{cache_dir}")

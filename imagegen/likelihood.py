@@ -102,7 +102,8 @@ def guided_probs(head, params, params_uncond=None, guidance=1.0):
     if params_uncond is None or guidance == 1.0:
         return p
     tiny = torch.finfo(p.dtype).tiny
-    logp = guidance * torch.log(p.clamp_min(tiny)) + (1 - guidance) * torch.log(head.probs(params_uncond).clamp_min(tiny))
+    uncond = head.probs(params_uncond)
+    logp = guidance * torch.log(p.clamp_min(tiny)) + (1 - guidance) * torch.log(uncond.clamp_min(tiny))
     return torch.softmax(logp, dim=-1)
 
 

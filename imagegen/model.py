@@ -82,7 +82,8 @@ class PixelTransformer(nn.Module):
     def embed(self, tokens, t):
         """tokens (N, L) long at positions t (L,) -> (N, L, D)."""
         pixel = t // self.channels
-        return self.tok(tokens) + self.row(pixel // self.width) + self.col(pixel % self.width) + self.chan(t % self.channels)
+        where = self.row(pixel // self.width) + self.col(pixel % self.width) + self.chan(t % self.channels)
+        return self.tok(tokens) + where
 
     def class_vectors(self, labels, n, device):
         """The class embedding of labels (N,) long in 0..C-1, or C (no label) for None or -1 entries,

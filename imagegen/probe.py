@@ -180,7 +180,7 @@ def best_ms(baseline, candidate, rounds=5, budget_s=0.5, give_up=4.0):
         fn()
     best = [float("inf"), float("inf")]
     start = time.perf_counter()
-    for r in range(rounds):
+    for _ in range(rounds):
         for i, fn in enumerate((baseline, candidate)):
             t0 = clock()
             fn()

@@ -24,8 +24,9 @@ def run(cmd, *args, check=True):
 
 
 def call(cmd, *args):
-    """The console script `cmd` run in this process (torch's thread count restored after); what it prints to stderr when it exits with a
-    message (sys.exit("error: ...")) is in stderr, as the interpreter would print it."""
+    """The console script `cmd` run in this process (torch's thread count restored after); what it
+    prints to stderr when it exits with a message (sys.exit("error: ...")) is in stderr, as the
+    interpreter would print it."""
     import torch
 
     main = next(iter(entry_points(group="console_scripts", name=cmd))).load()

@@ -141,7 +141,7 @@ def test_num_classes_must_match_the_data(tmp_path, mnist_root):
     from imagegen.trainer import train
 
     config.register()
-    cfg = OmegaConf.to_container(compose("train", [f"data.root={mnist_root}", f"run_dir={tmp_path}", "model.num_classes=7"]),
-                                 resolve=True)
+    overrides = [f"data.root={mnist_root}", f"run_dir={tmp_path}", "model.num_classes=7"]
+    cfg = OmegaConf.to_container(compose("train", overrides), resolve=True)
     with pytest.raises(UserError, match="mnist has 10 classes; set model.num_classes=10"):
         train(cfg, torch.device("cpu"))

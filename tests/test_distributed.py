@@ -179,7 +179,8 @@ def test_teardown_ends_gloo_threads(end, mnist_root, tmp_path):
 
 @pytest.mark.slow
 def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):
-    procs = ranks("-m", "imagegen.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}", f"run_dir={tmp_path}")
+    procs = ranks("-m", "imagegen.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}",
+                  f"run_dir={tmp_path}")
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode != 0

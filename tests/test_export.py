@@ -7,8 +7,6 @@ import base64
 import contextlib
 import io
 import os
-import subprocess
-import sys
 from urllib.parse import urlparse
 
 import numpy as np
@@ -193,7 +191,8 @@ def test_completion_keeps_the_top_half(browser, serve, tmp_path):
     js = torch.tensor(run_in_page(page, n=N, uniforms=u.flatten().tolist(), prefix=prefix.tolist())["bytes"],
                       dtype=torch.uint8)
     assert torch.equal(js[:, :keep], prefix)
-    assert torch.equal(js, py64) and torch.equal(js, generate(model.float(), N, uniforms=u, prefix=prefix, batch_size=N))
+    assert torch.equal(js, py64)
+    assert torch.equal(js, generate(model.float(), N, uniforms=u, prefix=prefix, batch_size=N))
     assert page.evaluate("window.imagegen.progress") == [f"row {i} of 14" for i in range(1, 15)]   # sampled rows only
 
 
@@ -229,7 +228,8 @@ def test_conditional_completion_shares_the_prefix(browser, serve, tmp_path):
     model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
     N, L, keep, G = 3, model.length, 5 * 28, 2.0
     y = torch.tensor([1, 1, 4])
-    prefix = torch.randint(0, 256, (1, keep), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)).expand(N, -1)
+    g = torch.Generator().manual_seed(7)
+    prefix = torch.randint(0, 256, (1, keep), dtype=torch.uint8, generator=g).expand(N, -1)
     u, py64, _ = safe_uniforms(model, torch.rand(N, L, generator=torch.Generator().manual_seed(8)), prefix=prefix,
                                labels=y, guidance=G)
     py32 = generate(model.float(), N, uniforms=u, prefix=prefix, labels=y, guidance=G, batch_size=N)
@@ -268,7 +268,8 @@ def test_batched_products_equal_the_reference(browser, serve, tmp_path):
           const start = fill(n * nOut), got = start.slice(), want = start.slice();
           dense(x, n, nIn, W, b, nOut, got, add);
           denseReference(x, n, nIn, W, b, nOut, want, add);
-          for (let i = 0; i < got.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]) / (1 + Math.abs(want[i])));
+          for (let i = 0; i < got.length; i++)
+            worst = Math.max(worst, Math.abs(got[i] - want[i]) / (1 + Math.abs(want[i])));
         }
       }
       return worst;
@@ -373,4 +374,5 @@ def test_export_errors_are_one_sentence(tmp_path):
     with pytest.raises(UserError, match="could not write site .*pass out=DIR"):
         export_site(ck, tmp_path / "file" / "site")
     # through the console script: one line on stderr, no traceback
-    one_line_error(call("imagegen-export", f"checkpoint={bad}", f"out={tmp_path / 'site'}"), "not a readable checkpoint")
+    proc = call("imagegen-export", f"checkpoint={bad}", f"out={tmp_path / 'site'}")
+    one_line_error(proc, "not a readable checkpoint")

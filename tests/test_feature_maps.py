@@ -267,7 +267,8 @@ def test_triton_takes_mapped_features(name):
     close(got, want, 1e-4)
     fq, fk = (phi32(t.float().to(device)) for t in (q, k))
     state = torch.zeros(2, 16, 6, device=device)
-    steps = torch.cat([triton_linear.triton_step(fq[:, :, t:t + 1], fk[:, :, t:t + 1], v[:, :, t:t + 1].float().to(device),
+    steps = torch.cat([triton_linear.triton_step(fq[:, :, t:t + 1], fk[:, :, t:t + 1],
+                                                 v[:, :, t:t + 1].float().to(device),
                                                  state, ops.EPS, mapped=True) for t in range(37)], 2)
     close((steps.cpu(),), want[:1], 1e-4)
 

@@ -1,14 +1,13 @@
 """data=folder: reading any image (mode, format, orientation), the folder layout, bad files, the cache."""
 import io
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from fixtures import solid, write_class_folder, write_png_header
-from imagegen import imagecache, source
+from imagegen import source
 from imagegen.errors import UserError
 from imagegen.folder import read_image, scan
 
@@ -250,7 +249,8 @@ def test_image_rows_index_like_a_tensor():
     idx = np.array([6, 0, 3, 4])
     x, ref = source.ImageRows(a, idx), torch.from_numpy(a[idx])
     assert len(x) == 4 and x.shape == ref.shape and x.numel() == ref.numel()
-    for key in (slice(None), slice(1, 3), torch.tensor([3, 0, 0]), np.array([2]), [1, 2], 2, -1, (slice(0, 2), slice(0, 3))):
+    keys = (slice(None), slice(1, 3), torch.tensor([3, 0, 0]), np.array([2]), [1, 2], 2, -1, (slice(0, 2), slice(0, 3)))
+    for key in keys:
         assert torch.equal(x[key], ref[key]), key
     with pytest.raises(IndexError):
         x[torch.tensor([4])]

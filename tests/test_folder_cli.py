@@ -13,7 +13,7 @@ import pytest
 
 from commands import call
 from fixtures import write_class_folder
-from imagegen import folder, imagecache, source
+from imagegen import folder, source
 
 TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "train.batch_size=4",
         "train.val_images=4", "train.sample_every=0", "train.sample_minutes=0", "train.tensorboard=false",
@@ -59,7 +59,8 @@ def test_prepare_train_eval_complete_on_a_folder(tmp_path):
 
 
 def test_prepare_errors_are_one_sentence(tmp_path):
-    for args, pattern in ((["prepare", "data.image_size=8"], "images does not exist; point data.root at a folder of images"),
+    for args, pattern in ((["prepare", "data.image_size=8"],
+                           "images does not exist; point data.root at a folder of images"),
                           (["prepare", f"data.root={tmp_path}", "data.channels=2"], "data.channels must be 1"),
                           (["bake"], "needs a verb")):
         proc = call("imagegen-data", *args)

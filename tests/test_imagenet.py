@@ -1,5 +1,4 @@
 """data=imagenet32/64: the downsampled ImageNet's npz files through the cache, in the official layout."""
-import zipfile
 
 import numpy as np
 import pytest

@@ -169,7 +169,8 @@ KERNEL_CHECK = textwrap.dedent("""
     import torch
     from imagegen.ops.kernel import causal_product_kernel
     from imagegen.ops.causal_linear import causal_product_reference
-    q, k, v = torch.rand(1, 2, 9, 4, dtype=torch.float64), torch.rand(1, 2, 9, 4, dtype=torch.float64), torch.randn(1, 2, 9, 3, dtype=torch.float64)
+    q, k = torch.rand(1, 2, 9, 4, dtype=torch.float64), torch.rand(1, 2, 9, 4, dtype=torch.float64)
+    v = torch.randn(1, 2, 9, 3, dtype=torch.float64)
     torch.testing.assert_close(causal_product_kernel(q, k, v), causal_product_reference(q, k, v))
     print("kernel ok", flush=True)
 """)
@@ -188,7 +189,8 @@ def test_real_kernel_build_killed_concurrent_and_reused(tmp_path):
     try:
         first = start(["-c", KERNEL_CHECK], logs[0], **run)
         procs.append(first)
-        wait_for(lambda: list(ext.glob("imagegen_causal_product_cpu_*/lock")), 120, "the first build to take torch's lock")
+        wait_for(lambda: list(ext.glob("imagegen_causal_product_cpu_*/lock")), 120,
+                 "the first build to take torch's lock")
         wait_for(lambda: compiler_running(first.pid), 120, "the first build's compiler to start")     # mid-compile
         os.killpg(first.pid, signal.SIGKILL)             # the process and its compiler
         first.wait()

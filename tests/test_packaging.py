@@ -36,7 +36,8 @@ def test_every_config_and_source_file_is_package_data():
     for package, globs in SETUPTOOLS["package-data"].items():
         folder = source_dir(package)
         shipped |= {f for f in folder.iterdir() if f.is_file() and any(fnmatch.fnmatch(f.name, g) for g in globs)}
-    files = {f for top in ("conf", "csrc") for f in (ROOT / top).rglob("*") if f.is_file() and "__pycache__" not in f.parts}
+    files = {f for top in ("conf", "csrc") for f in (ROOT / top).rglob("*")
+             if f.is_file() and "__pycache__" not in f.parts}
     models = {f for f in (ROOT / "checkpoints").iterdir() if f.is_file() and f.name != ".gitkeep"}   # runs are folders
     assert files | models == shipped, sorted(map(str, (files | models) ^ shipped))
 

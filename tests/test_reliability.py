@@ -65,7 +65,7 @@ def assert_same_training(a, b):
     assert ca["state"]["step"] == cb["state"]["step"]
     for name, t in ca["model"].items():
         assert torch.equal(t, cb["model"][name]), name
-    for (i, sa), (j, sb) in zip(ca["optimizer"]["state"].items(), cb["optimizer"]["state"].items()):
+    for (i, sa), (_, sb) in zip(ca["optimizer"]["state"].items(), cb["optimizer"]["state"].items()):
         for key in sa:
             assert torch.equal(torch.as_tensor(sa[key]), torch.as_tensor(sb[key])), (i, key)
 
@@ -174,7 +174,8 @@ def poisoned(kind):
 def test_damaged_checkpoints_are_one_sentence(tmp_path, changes, pattern):
     path = tiny_checkpoint(tmp_path / "bad.pt", **changes)
     for cmd, extra in (("imagegen-eval", []), ("imagegen-sample", ["num_images=1"])):
-        one_line_error(call(cmd, f"checkpoint={path}", *extra, f"out={tmp_path / 'x.png'}" if extra else "split=test"), pattern)
+        last = f"out={tmp_path / 'x.png'}" if extra else "split=test"
+        one_line_error(call(cmd, f"checkpoint={path}", *extra, last), pattern)
 
 
 def test_resume_from_a_checkpoint_without_training_state(mnist_root, tmp_path):

@@ -10,7 +10,6 @@ Every attention module maps x (N, L, D) -> (N, L, D) with D = d_model and offers
 stepping through a sequence gives the outputs of `forward` on it.
 Shape letters: N batch, L length, D model dim, H heads, E query/key dim, M value dim.
 """
-import torch
 from torch import nn
 
 from ..errors import UserError

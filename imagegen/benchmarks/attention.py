@@ -157,7 +157,8 @@ def run_attention(c, device, out_dir=None):
         parse_map(spec)                                                   # bad entries fail before any timing
     memory = not c.get("quick")                   # quick: no subprocess per case for its peak memory
     cols = [("dtype", "dtype", None), ("L", "N (length)", None), ("impl", "impl", None), ("map", "feature map", None),
-            ("fwd_ms", "fwd ms", "{:.2f}"), ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"), ("bwd_over_fwd", "bwd / fwd", "{:.2f}"),
+            ("fwd_ms", "fwd ms", "{:.2f}"), ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"),
+            ("bwd_over_fwd", "bwd / fwd", "{:.2f}"),
             ("speedup_fwd_bwd", "fwd+bwd speedup vs softmax", "{:.1f}x"),
             ("peak_mib", "peak MiB (fwd+bwd)", "{:.1f}"), ("memory_vs_softmax", "memory / softmax", "{:.2f}"),
             ("note", "note", None)]
@@ -180,8 +181,9 @@ def run_attention(c, device, out_dir=None):
 
     cases = [(dtype, L, impl, spec) for dtype, L, impl in attention_cases(c, impls)
              for spec in (["-"] if impl == "softmax" else specs)
-             if not (spec != "-" and "gate" in parse_map(spec) and impl not in ("chunked", "auto"))]  # gate: chunked only
-    progress = Progress(out_dir, "attention", [f"{d} L={L} {i}" + ("" if m in ("-", "elu") else f" {m}") for d, L, i, m in cases], render,
+             if not (spec != "-" and "gate" in parse_map(spec) and impl not in ("chunked", "auto"))]  # gate: chunked
+    names = [f"{d} L={L} {i}" + ("" if m in ("-", "elu") else f" {m}") for d, L, i, m in cases]
+    progress = Progress(out_dir, "attention", names, render,
                         c.get("quick")) if out_dir is not None else None
     rows = []
     for dtype, L, impl, spec in cases:

@@ -113,7 +113,8 @@ def report(result, cfg, arch_name, info, model_cfg):
     cols = [("sampler", "sampler", None), ("batch", "batch", None), ("ms_per_step", "ms per step", "{:.3f}"),
             ("images_per_sec", "images/sec", "{:.3g}"), ("vs_python_batch1", "x Python's batch-1 step", "{:.2f}")]
     return (f"Decoding-step speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
-            f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, d_ff {model_cfg['d_ff']}, {model_cfg['head']} head, "
+            f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, d_ff {model_cfg['d_ff']}, "
+            f"{model_cfg['head']} head, "
             f"{info.length} sub-pixels), random weights, float32; median of {cfg['browser_rounds']} alternating rounds "
             f"of {result['steps']} steps.\nMachine: {machine()}; {result['chromium']}.\n\n"
             + markdown_table(result["rows"], cols))

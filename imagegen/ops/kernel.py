@@ -31,7 +31,8 @@ from torch.autograd.function import once_differentiable
 
 from ..lock import exclusive, fcntl   # fcntl is None on Windows: builds are not serialised across processes
 from ..paths import data_dir
-from ..probe import cpu_identity   # names the CPU in the build key: a shared build folder never serves one CPU's code to another
+# the CPU's name is in the build key: a shared build folder never serves one CPU's code to another
+from ..probe import cpu_identity
 from ..precision import dtype_name
 
 CSRC = data_dir("csrc")
@@ -91,7 +92,8 @@ def _build(device_type):
 
     if not _compile[0] and not (build_dir / "done").is_file():
         raise KernelUnavailable("not built yet, and this command does not wait a minute for its first compile; "
-                                "`python -m imagegen.ops.kernel` or any imagegen-train builds it once for every later run")
+                                "`python -m imagegen.ops.kernel` or any imagegen-train builds it once for every "
+                                "later run")
 
     def build():
         return cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=cflags,

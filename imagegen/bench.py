@@ -1,4 +1,4 @@
-"""imagegen-bench: speed benchmarks that print markdown tables and write JSON (see conf/bench.yaml).
+"""imagegen-bench: speed benchmarks that print markdown tables and write JSON (options: config.BenchConfig).
 
 mode=attention   causal attention forward / forward+backward time and peak memory
 mode=train_step  whole-model training step, softmax vs linear

@@ -3,7 +3,8 @@
 The dataclasses below are registered in Hydra's ConfigStore as schemas (`<name>_schema`) that the
 YAML files in conf/ extend, so a value of the wrong type fails at the command line (`model.n_layers=four`)
 and `--help` prints every option with its sentence. Ranges (positive sizes, lr > 0, ...) are
-checked by `check_*` before anything heavy starts. The YAML files keep the defaults and presets.
+checked by `check_*` before anything heavy starts. These dataclasses are the one source of defaults: the
+YAML files in conf/ hold only the config groups, presets and what needs an interpolation.
 """
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
@@ -138,6 +139,9 @@ class EvalConfig(CheckpointCommand):
 
 @dataclass
 class SampleConfig(CheckpointCommand):
+    checkpoint: str = opt("mnist-linear", "a .pt checkpoint written by imagegen-train, a .safetensors model (with its "
+                                          ".json) or the name of a shipped model; default: mnist-linear, shipped "
+                                          "with imagegen")
     mode: str = opt("grid", "grid: unconditional samples; complete: keep the top half of test images, sample the rest")
     num_images: int = opt(64, "grid mode: images to sample")
     num_originals: int = opt(8, "complete mode: test images, one row each")
@@ -217,7 +221,8 @@ class BenchConfig:
     batch: int = opt(4, "attention: batch size")
     heads: int = opt(8, "attention: heads")
     head_dim: int = opt(32, "attention: head dim E = M")
-    impls: List[str] = opt(["softmax", "cumsum", "chunked", "kernel", "auto"], "attention: implementations")
+    impls: List[str] = opt(["softmax", "cumsum", "chunked", "kernel", "triton", "auto"],
+                           "attention: implementations (triton: CUDA only)")
     attention_dtypes: List[str] = opt(["float32"], "attention: float32 and/or bfloat16")
     feature_maps: List[str] = opt(["elu"], "attention and train_step: the linear attention's feature maps, each "
                                            "NAME[:N_FEATURES][+gate], e.g. [elu, favor:64, favor:128, rff, elu+gate]")
@@ -291,9 +296,10 @@ def positive(cfg_section, keys, prefix):
             raise UserError(f"{prefix}{key} must be a positive number, got {value}; pass {prefix}{key}=N with N > 0.")
 
 
-def fraction(value, key, low_open=False):
-    if not (0 <= value <= 1) or (low_open and value == 0):
-        raise UserError(f"{key} must lie in {'(0, 1]' if low_open else '[0, 1]'}, got {value}.")
+def fraction(value, key, low_open=False, high_open=False):
+    if not (0 <= value <= 1) or (low_open and value == 0) or (high_open and value == 1):
+        interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+        raise UserError(f"{key} must lie in {interval}, got {value}.")
 
 
 def check_model(m, memory_bytes=None, prefix="model."):
@@ -331,7 +337,7 @@ def check_train(cfg, memory_bytes=None):
         raise UserError(f"train.ema must lie in [0, 1) (0: off), got {t['ema']}.")
     if len(t["betas"]) != 2 or not all(0 <= b < 1 for b in t["betas"]):
         raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
-    fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True)
+    fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
     check_model(cfg["model"], memory_bytes)
 
 

@@ -17,12 +17,15 @@ import torch
 from torch import nn
 
 from .attention import make_attention
+from .config import ModelConfig
 from .errors import UserError
 from .layers import Dense, dense
 from .likelihood import make_head
 from .ops import EPS, decode_step
 
 START = 256  # token id of the start symbol; bytes are 0..255
+
+DEFAULT = ModelConfig()                  # the constructor's defaults are the typed config's
 
 
 class Block(nn.Module):
@@ -55,8 +58,10 @@ class PixelTransformer(nn.Module):
     n_layers, d_model, n_heads, d_ff, head ('mixture' or 'categorical'), n_mixtures,
     dropout, attention_options (dict passed to the attention class), num_classes (0: unconditional)."""
 
-    def __init__(self, length, channels, width, attention="linear", n_layers=4, d_model=128, n_heads=4, d_ff=512,
-                 head="mixture", n_mixtures=10, dropout=0.0, attention_options=None, num_classes=0):
+    def __init__(self, length, channels, width, attention=DEFAULT.attention, n_layers=DEFAULT.n_layers,
+                 d_model=DEFAULT.d_model, n_heads=DEFAULT.n_heads, d_ff=DEFAULT.d_ff, head=DEFAULT.head,
+                 n_mixtures=DEFAULT.n_mixtures, dropout=DEFAULT.dropout, attention_options=None,
+                 num_classes=DEFAULT.num_classes):
         super().__init__()
         self.length, self.channels, self.width, self.num_classes = length, channels, width, num_classes
         self.head = make_head(head, n_mixtures)

@@ -1,4 +1,4 @@
-"""imagegen-sample: image grids and completions from a checkpoint (Hydra app; see conf/sample.yaml)."""
+"""imagegen-sample: image grids and completions from a checkpoint (options: config.SampleConfig)."""
 import time
 from pathlib import Path
 

@@ -12,7 +12,7 @@ from imagegen.sampling import generate
 def tiny(attention="linear", classes=3, length=48, channels=3, **kw):
     torch.manual_seed(0)
     model = PixelTransformer(length, channels, 4, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64,
-                             num_classes=classes, **kw).double()
+                             num_classes=classes, **{"head": "mixture", **kw}).double()
     if classes:
         torch.nn.init.normal_(model.label.weight, std=1.0)       # a trained model's classes differ this much
     return model

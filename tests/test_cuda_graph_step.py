@@ -11,7 +11,7 @@ from imagegen.model import PixelTransformer
 def linear_model(impl="chunked", attention="linear", device="cpu"):
     torch.manual_seed(0)
     options = {"impl": impl} if attention == "linear" else {}
-    return PixelTransformer(24, 3, 2, attention=attention, n_layers=2, d_model=16, n_heads=2, d_ff=32,
+    return PixelTransformer(24, 3, 2, attention=attention, n_layers=2, d_model=16, n_heads=2, d_ff=32, head="mixture",
                             attention_options=options).to(device).eval()
 
 

@@ -11,7 +11,8 @@ from fixtures import skip_without_cpu_kernel
 @pytest.mark.parametrize("channels", [1, 3])
 def test_model_step_matches_forward(attention, channels):
     torch.manual_seed(0)
-    model = PixelTransformer(12 * channels, channels, 4, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64).eval()
+    model = PixelTransformer(12 * channels, channels, 4, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64,
+                             head="mixture").eval()
     x = torch.randint(0, 256, (2, 12 * channels), dtype=torch.uint8)
     state = model.init_state(2, "cpu")
     token, steps = torch.full((2,), 256), []
@@ -28,7 +29,7 @@ def test_bf16_autocast_loss_and_gradients_track_float32(attention):
     loss and gradients pointing the same way."""
     torch.manual_seed(0)
     options = {"chunk_size": 4} if attention == "lsh" else {}
-    model = PixelTransformer(32, 1, 8, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64,
+    model = PixelTransformer(32, 1, 8, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64, head="mixture",
                              attention_options=options).eval()
     x = torch.randint(0, 256, (4, 32), dtype=torch.uint8)
 
@@ -49,7 +50,8 @@ def test_bf16_autocast_loss_and_gradients_track_float32(attention):
 def test_whole_model_kernel_step_matches_the_module_loop(dtype, tol):
     """The one-call C++ decoding step of a linear model against the per-module loop."""
     torch.manual_seed(0)
-    model = PixelTransformer(24, 3, 4, "linear", n_layers=3, d_model=32, n_heads=4, d_ff=64).to(dtype).eval()
+    model = PixelTransformer(24, 3, 4, "linear", n_layers=3, d_model=32, n_heads=4, d_ff=64,
+                             head="mixture").to(dtype).eval()
     fast = model.init_state(2, "cpu", dtype)
     if "kernel" not in fast:
         skip_without_cpu_kernel("the fused CPU kernel is unavailable")
@@ -64,7 +66,7 @@ def test_whole_model_kernel_step_matches_the_module_loop(dtype, tol):
 
 def test_every_subpixel_is_scored_including_the_first():
     torch.manual_seed(0)
-    model = PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32)
+    model = PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32, head="mixture")
     x = torch.randint(0, 256, (1, 16), dtype=torch.uint8)
     nll = model.nll(x)
     assert nll.shape == (1, 16)

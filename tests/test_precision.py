@@ -96,7 +96,7 @@ def scaled_model(attention, length=300, impl="auto", seed=0, d_model=64):
     distribution parameters are O(1), as in a trained model, rather than near zero."""
     torch.manual_seed(seed)
     options = {"impl": impl} if attention == "linear" else {}
-    model = PixelTransformer(length, 1, 20, attention, n_layers=3, d_model=d_model, n_heads=4, d_ff=128,
+    model = PixelTransformer(length, 1, 20, attention, n_layers=3, d_model=d_model, n_heads=4, d_ff=128, head="mixture",
                              attention_options=options).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -9,6 +9,7 @@ from imagegen.sampling import completion_rows, generate, grid
 
 def tiny(attention, length=48, channels=3, **kw):
     torch.manual_seed(0)
+    kw.setdefault("head", "mixture")
     return PixelTransformer(length, channels, 4, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64, **kw).double()
 
 

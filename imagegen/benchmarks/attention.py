@@ -22,7 +22,7 @@ from ..ops import (TRITON_DEVICES, gated_linear_attention, kernel_error, linear_
 from ..precision import autocast, resolve_precisions
 from .progress import Progress
 from .report import markdown_table, machine
-from .timing import median_ms, sync
+from .timing import backward_over_forward, median_ms, sync
 
 LINEAR_IMPLS = ("cumsum", "chunked", "kernel", "triton", "auto")
 
@@ -195,7 +195,7 @@ def run_attention(c, device, out_dir=None):
         else:
             fwd, fwd_bwd = time_case(impl, spec, N, H, L, E, device, dtype, c["repeat"])
             mem = peak_memory(impl, N, H, L, E, device, dtype, torch.get_num_threads(), spec) if memory else None
-            row = {**base, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "bwd_over_fwd": (fwd_bwd - fwd) / fwd,
+            row = {**base, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "bwd_over_fwd": backward_over_forward(fwd, fwd_bwd),
                    "peak_mib": None if mem is None else mem / 2 ** 20}
             line = (f"{dtype} L={L:6d} {impl:8s} {spec:12s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
                     f"peak {row['peak_mib'] or float('nan'):9.1f} MiB")

@@ -23,7 +23,7 @@ import torch
 from ..allocator import keep_freed_memory
 from ..ops import causal_product, kernel_error
 from .report import machine
-from .timing import time_all
+from .timing import backward_over_forward, time_all
 
 DEFAULT_SHAPES = ["4,8,784,32,32", "4,8,3072,32,32", "4,8,16384,32,32",
                   "16,4,784,32,32", "16,4,3072,32,32"]
@@ -85,8 +85,9 @@ def main(argv=None):
               f"{elapsed / (i + 1) * (len(args.shapes) - i - 1):.0f} s left]")
         print(f"{'impl':<14}{'fwd ms':>10}{'fwd+bwd ms':>12}{'bwd/fwd':>9}")
         for r in rows:
-            r["bwd_over_fwd"] = (r["fwd_bwd_ms"] - r["fwd_ms"]) / r["fwd_ms"]
-            print(f"{r['impl']:<14}{r['fwd_ms']:>10.2f}{r['fwd_bwd_ms']:>12.2f}{r['bwd_over_fwd']:>9.2f}", flush=True)
+            r["bwd_over_fwd"] = ratio = backward_over_forward(r["fwd_ms"], r["fwd_bwd_ms"])
+            print(f"{r['impl']:<14}{r['fwd_ms']:>10.2f}{r['fwd_bwd_ms']:>12.2f}"
+                  f"{'-' if ratio is None else f'{ratio:.2f}':>9}", flush=True)
         if args.json:
             tmp = f"{args.json}.tmp"
             with open(tmp, "w") as f:

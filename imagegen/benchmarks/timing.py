@@ -38,3 +38,9 @@ def time_all(fns, device, repeat):
 def median_ms(fn, device, repeat):
     """Median wall time in ms of fn over `repeat` calls after one warm-up call."""
     return time_all({"fn": fn}, device, repeat)["fn"]
+
+
+def backward_over_forward(fwd_ms, fwd_bwd_ms):
+    """The backward's time over the forward's, (fwd+bwd - fwd) / fwd; None where the two timings are
+    too close to tell the backward apart (fwd+bwd measured no slower than fwd alone: noise)."""
+    return (fwd_bwd_ms - fwd_ms) / fwd_ms if fwd_bwd_ms > fwd_ms else None

@@ -56,13 +56,7 @@ def task(c, device):
         raise UserError(f"unknown mode {c['mode']!r}; choose one of {', '.join(MODES)}.")
 
 
-main = hydra_entry("bench", task, groups=("model", "data", "preset"),
-                   description="speed benchmarks (attention kernels, training step, sampling) and the paper's "
-                               "comparison table; Markdown tables, JSON and plots in out_dir.",
-                   examples=["imagegen-bench mode=sampling preset=paper_mnist data=mnist threads=2",
-                             "imagegen-bench mode=attention threads=2",
-                             "imagegen-bench mode=train_step preset=small threads=2",
-                             "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000"])
+main = hydra_entry("bench", task)
 
 if __name__ == "__main__":
     main()

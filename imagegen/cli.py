@@ -1,5 +1,6 @@
 """What every entry point shares: Hydra wiring, typed-config checks, --help, devices, one-line errors."""
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import config
@@ -11,6 +12,72 @@ GROUPS = ("model", "data", "preset")      # config groups; a command takes those
 
 
 COMMANDS = {"prepare": "imagegen-data prepare"}     # configs whose command is not imagegen-<config>
+
+
+@dataclass(frozen=True)
+class Command:
+    """A console script: the module whose `main` runs it, and what its --help says."""
+    module: str
+    description: str
+    groups: tuple = ()
+    examples: tuple = ()
+    uses_device: bool = True       # False: the task gets no device, and torch is not imported for it
+
+
+# Here rather than in each command's module, so that --help answers without importing torch (`launcher`).
+COMMAND_TABLE = {
+    "train": Command(
+        "imagegen.train",
+        "train a pixel-level autoregressive transformer; the same command again resumes from run_dir/last.pt.",
+        ("model", "data", "preset"),
+        ("imagegen-train model=linear data.root=../shared/data/mnist train.max_minutes=15",
+         "imagegen-train model=softmax data=cifar10 data.root=../shared/data/cifar10 preset=paper_cifar",
+         "torchrun --standalone --nproc_per_node=2 --no-python imagegen-train threads=1")),
+    "eval": Command(
+        "imagegen.evaluate",
+        "exact bits/dim of a checkpoint on a data split; writes <checkpoint>.<split>.json beside it.", (),
+        ("imagegen-eval checkpoint=checkpoints/mnist-linear-small/best.pt",
+         "imagegen-eval checkpoint=run/last.pt split=val max_images=500")),
+    "sample": Command(
+        "imagegen.sample", "sample an image grid, or completions of test images, from a checkpoint.", (),
+        ("imagegen-sample                       # the shipped mnist-linear: a row per digit",
+         "imagegen-sample label=7 num_images=16 guidance=2",
+         "imagegen-sample checkpoint=checkpoints/mnist-linear-small/best.pt num_images=64",
+         "imagegen-sample checkpoint=run/best.pt mode=complete out=complete.png")),
+    "bench": Command(
+        "imagegen.bench",
+        "speed benchmarks (attention kernels, training step, sampling) and the paper's comparison table; "
+        "Markdown tables, JSON and plots in out_dir.", ("model", "data", "preset"),
+        ("imagegen-bench mode=sampling preset=paper_mnist data=mnist threads=2",
+         "imagegen-bench mode=attention threads=2",
+         "imagegen-bench mode=train_step preset=small threads=2",
+         "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000")),
+    "plot": Command(
+        "imagegen.plot",
+        "training curves (bits/dim against steps and minutes) of one or more runs, from their metrics.jsonl, "
+        "as one PNG.", (),
+        ("imagegen-plot runs=[checkpoints/mnist-linear-small,checkpoints/mnist-softmax-small]",
+         "imagegen-plot runs=checkpoints/mnist-linear-small out=curves.png log=true"), uses_device=False),
+    "export": Command(
+        "imagegen.export",
+        "write a static web site that samples a linear checkpoint as an RNN in the browser (serve it with "
+        "python -m http.server -d DIR).", (),
+        ("imagegen-export checkpoint=checkpoints/mnist-linear-small/best.pt out=site",
+         "python -m http.server -d site 8000   # then open http://127.0.0.1:8000/?n=16")),
+    "convert": Command(
+        "imagegen.convert",
+        "write a run's model as OUT.safetensors (weights, no pickle) + OUT.json (config), the form models ship in.",
+        (), ("imagegen-convert checkpoint=checkpoints/mnist-linear-cpu_mnist/best.pt out=checkpoints/my-mnist "
+             "guidance=2",)),
+    "prepare": Command(
+        "imagegen.prepare",
+        "build or check a dataset's cache (data=folder: convert the folder once), print its counts, size, class "
+        "table and skipped files, and draw real images as the model sees them.", ("data",),
+        ("imagegen-data prepare data.root=~/pictures data.image_size=32",
+         "imagegen-data prepare data.root=~/pictures data.image_size=64 data.channels=1 data.fit=pad",
+         "imagegen-data prepare data.root=~/pictures check=true",
+         "imagegen-data prepare data=mnist"), uses_device=False),
+}
 
 
 def command_name(config_name):
@@ -64,10 +131,12 @@ def did_you_mean(config_name, key):
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def help_text(config_name, description, groups, examples):
+def help_text(config_name):
     """--help: the command, its config groups and every option with its type, default and sentence."""
     from omegaconf import OmegaConf
 
+    description, groups, examples = (getattr(COMMAND_TABLE[config_name], k) for k in ("description", "groups",
+                                                                                       "examples"))
     cfg = OmegaConf.to_container(compose(config_name, []), resolve=False)
     lines = [f"{command_name(config_name)}: {description}", "",
              f"usage: {command_name(config_name)} [key=value ...]" + (" [group=choice ...]" if groups else ""), ""]
@@ -90,20 +159,34 @@ def help_text(config_name, description, groups, examples):
     return "\n".join(lines)
 
 
-def hydra_entry(config_name, task, groups=(), description="", examples=(), uses_device=True):
-    """A console-script main() running `task(cfg, device)` under Hydra, cfg a plain dict with
+def launcher(config_name):
+    """The console script's main(): --help printed from the typed configs (hydra and omegaconf, no
+    torch: well under a second), anything else handed to the command module's own `main`."""
+    def main():
+        if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+            config.register()
+            print(help_text(config_name))
+            return
+        import importlib
+        importlib.import_module(COMMAND_TABLE[config_name].module).main()
+    return main
+
+
+def hydra_entry(config_name, task):
+    """A command module's main() running `task(cfg, device)` under Hydra, cfg a plain dict with
     `device` and `threads` keys; overrides are type-checked first and UserErrors print as one line.
-    uses_device=False: task(cfg, None), and torch is not imported for it (imagegen-data starts fast)."""
+    A command whose table entry says uses_device=False gets task(cfg, None), and no torch."""
     import hydra
     from omegaconf import OmegaConf
 
     config.register()
+    groups, uses_device = COMMAND_TABLE[config_name].groups, COMMAND_TABLE[config_name].uses_device
 
     def main():
         argv = sys.argv[1:]
         try:
             if "--help" in argv or "-h" in argv:
-                print(help_text(config_name, description, groups, examples))
+                print(help_text(config_name))
                 return
             check_choices(argv, groups, config_name)
             if not any(a.startswith("-") for a in argv):      # sweeps and Hydra flags: Hydra checks them

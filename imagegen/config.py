@@ -237,7 +237,8 @@ class BenchConfig:
                                                            "(bfloat16 where fast)")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    train: TrainOptions = field(default_factory=TrainOptions)     # set by the presets; unused by the benchmarks
+    # the presets set train.* too; the benchmarks do not read it, so --help does not list it
+    train: TrainOptions = field(default_factory=TrainOptions, metadata={"hidden": True})
 
 
 @dataclass
@@ -245,8 +246,6 @@ class PlotConfig:
     runs: Any = opt([], "run folders of imagegen-train (each holds metrics.jsonl): runs=DIR or runs=[A,B]")
     out: Optional[str] = opt(None, "PNG to write (null: curves.png in the runs' common folder)")
     log: bool = opt(False, "log-scale bits/dim axes")
-    device: str = opt("cpu", "unused: plotting runs on the CPU")
-    threads: int = opt(1, "unused: plotting runs on the CPU")
 
 
 @dataclass
@@ -276,9 +275,12 @@ def register():
 
 
 def describe(schema, prefix=""):
-    """[(key, type name, help)] of every option of a schema, nested sections flattened (train.lr)."""
+    """[(key, type name, help)] of every option of a schema, nested sections flattened (train.lr);
+    sections marked hidden (composed for the presets' sake, never read) are left out."""
     rows = []
     for f in fields(schema):
+        if f.metadata.get("hidden"):
+            continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         if is_dataclass(default):
             rows += describe(type(default), f"{prefix}{f.name}.")

@@ -34,11 +34,7 @@ def convert(cfg, device):
     return record
 
 
-main = hydra_entry("convert", convert,
-                   description="write a run's model as OUT.safetensors (weights, no pickle) + OUT.json (config), "
-                               "the form models ship in.",
-                   examples=["imagegen-convert checkpoint=checkpoints/mnist-linear-cpu_mnist/best.pt "
-                             "out=checkpoints/my-mnist guidance=2"])
+main = hydra_entry("convert", convert)
 
 if __name__ == "__main__":
     main()

@@ -67,11 +67,7 @@ def evaluate_on(cfg, device, world):
     return result
 
 
-main = hydra_entry("eval", evaluate,
-                   description="exact bits/dim of a checkpoint on a data split; writes <checkpoint>.<split>.json "
-                               "beside it.",
-                   examples=["imagegen-eval checkpoint=checkpoints/mnist-linear-small/best.pt",
-                             "imagegen-eval checkpoint=run/last.pt split=val max_images=500"])
+main = hydra_entry("eval", evaluate)
 
 if __name__ == "__main__":
     main()

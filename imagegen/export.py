@@ -116,11 +116,7 @@ def run_export(cfg, device):
           f"`python -m http.server -d {cfg['out']} 8000` and open http://127.0.0.1:8000/")
 
 
-main = hydra_entry("export", run_export,
-                   description="write a static web site that samples a linear checkpoint as an RNN in the browser "
-                               "(serve it with python -m http.server -d DIR).",
-                   examples=["imagegen-export checkpoint=checkpoints/mnist-linear-small/best.pt out=site",
-                             "python -m http.server -d site 8000   # then open http://127.0.0.1:8000/?n=16"])
+main = hydra_entry("export", run_export)
 
 if __name__ == "__main__":
     main()

@@ -8,10 +8,7 @@ def task(c, device):
     training_curves(runs, c["out"] or (default_out(runs) if runs else None), log=c["log"])
 
 
-main = hydra_entry("plot", task, description="training curves (bits/dim against steps and minutes) of one or more "
-                                             "runs, from their metrics.jsonl, as one PNG.",
-                   examples=["imagegen-plot runs=[checkpoints/mnist-linear-small,checkpoints/mnist-softmax-small]",
-                             "imagegen-plot runs=checkpoints/mnist-linear-small out=curves.png log=true"])
+main = hydra_entry("plot", task)
 
 if __name__ == "__main__":
     main()

@@ -102,15 +102,7 @@ def prepare(cfg, device):
     print(f"wrote {out} ({n} training images as the model sees them)")
 
 
-_main = hydra_entry("prepare", prepare, groups=("data",), uses_device=False,
-                    description="build or check a dataset's cache (data=folder: convert the folder once), print "
-                                "its counts, size, class table and skipped files, and draw real images as the "
-                                "model sees them.",
-                    examples=["imagegen-data prepare data.root=~/pictures data.image_size=32",
-                              "imagegen-data prepare data.root=~/pictures data.image_size=64 data.channels=1 "
-                              "data.fit=pad",
-                              "imagegen-data prepare data.root=~/pictures check=true",
-                              "imagegen-data prepare data=mnist"])
+_main = hydra_entry("prepare", prepare)
 
 
 def main():

@@ -84,12 +84,7 @@ def run_sample(cfg, device):
           f"{conditioning}: {len(seqs) / seconds:.2f} images/sec")
 
 
-main = hydra_entry("sample", run_sample,
-                   description='sample an image grid, or completions of test images, from a checkpoint.',
-                   examples=["imagegen-sample                       # the shipped mnist-linear: a row per digit",
-                             "imagegen-sample label=7 num_images=16 guidance=2",
-                             "imagegen-sample checkpoint=checkpoints/mnist-linear-small/best.pt num_images=64",
-                             "imagegen-sample checkpoint=run/best.pt mode=complete out=complete.png"])
+main = hydra_entry("sample", run_sample)
 
 if __name__ == "__main__":
     main()

@@ -63,3 +63,16 @@ def test_a_typo_gets_the_closest_option(name, typo, option):
 def test_no_suggestion_for_a_key_like_no_option():
     from imagegen.cli import did_you_mean
     assert did_you_mean("train", "completely.different") == ""
+
+
+@pytest.mark.slow
+def test_help_does_not_import_torch():
+    """--help answers from the typed configs (a second), not after torch's import (several)."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom imagegen import commands\nfor name in ('train', 'eval', 'sample', 'bench', 'plot', "
+            "'export', 'convert'):\n    sys.argv = ['imagegen-' + name, '--help']\n    getattr(commands, name)()\n"
+            "print('torch imported:', 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.count("options (key: type = default; meaning):") == 7
+    assert out.strip().endswith("torch imported: False")

@@ -116,7 +116,7 @@ def test_bench_attention_and_train_step_tables(tmp_path):
     rows = json.loads((tmp_path / "train_step.json").read_text())["rows"]
     assert [(r["precision"], r["attention"]) for r in rows] == [("float32", "softmax"), ("float32", "linear"),
                                                                 ("bfloat16", "softmax"), ("bfloat16", "linear")]
-    assert all(r["step_ms"] > 0 and r["speedup"] > 0 for r in rows)
+    assert all(r["step_ms"] > 0 and r["speedup"] > 0 and r["peak_mib"] > 0 for r in rows)
     assert "| mnist | 20 | bfloat16 | linear |" in (tmp_path / "train_step.md").read_text()
     bad = run("imagegen-bench", "mode=attention", "attention_dtypes=[float16]", f"out_dir={tmp_path}", check=False)
     one_line_error(bad, "unknown dtype 'float16' in attention_dtypes")

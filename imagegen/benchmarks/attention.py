@@ -122,15 +122,56 @@ def hwm_bytes():
 
 
 def peak_memory(impl, N, H, L, E, device, dtype, threads, spec="elu"):
-    code = ("import json, sys, torch; from imagegen.benchmarks.attention import peak_memory_child; "
-            f"torch.set_num_threads({threads}); "
-            f"print(json.dumps(peak_memory_child({impl!r}, {N}, {H}, {L}, {E}, {str(device)!r}, {dtype!r}, "
-            f"{spec!r})))")
+    return in_child(f"peak_memory_child({impl!r}, {N}, {H}, {L}, {E}, {str(device)!r}, {dtype!r}, {spec!r})",
+                    threads, f"{impl} at L={L}")
+
+
+def in_child(call, threads, what):
+    """The number `call` (an expression over this module's functions) returns in a fresh Python
+    process, whose peak memory is its own; None, with a line saying why, when it fails."""
+    code = ("import json, torch; from imagegen.benchmarks import attention; "
+            f"torch.set_num_threads({threads}); print(json.dumps(attention.{call}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode:
-        print(f"peak memory of {impl} at L={L} not measured: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        print(f"peak memory of {what} not measured: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
         return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def train_step_peak_child(model_cfg, name, L, batch, precision, device):
+    """Runs in a subprocess: bytes of peak memory a training step adds once the model, AdamW's state
+    and the batch exist (measured on the second step, so the first's lazily made state is not counted)."""
+    device = torch.device(device)
+    step = training_step(model_cfg, name, L, batch, precision, device)
+    step()
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        step()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    base = hwm_bytes()
+    step()
+    return hwm_bytes() - base
+
+
+def training_step(model_cfg, name, L, batch, precision, device):
+    """One optimizer step (forward, backward, AdamW) of a fresh model on a random (batch, L) batch, as a function."""
+    torch.manual_seed(0)
+    model = build_model(model_cfg, dataset_info(name)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, 256, (batch, L), dtype=torch.uint8, device=device)
+
+    def step():
+        with autocast(device, precision == "bfloat16"):
+            loss = model.nll(x).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
 
 
 def attention_cases(c, impls):
@@ -222,7 +263,8 @@ def run_train_step(c, device, out_dir=None):
                                                 {"impl": "auto", **parse_map(spec)}) for spec in specs]
     cols = [("data", "data", None), ("length", "length", None), ("precision", "precision", None),
             ("attention", "attention", None), ("step_ms", "ms / training step", "{:.1f}"),
-            ("speedup", "speedup vs softmax", "{:.2f}x")]
+            ("speedup", "speedup vs softmax", "{:.2f}x"), ("peak_mib", "peak MiB (step)", "{:.0f}"),
+            ("memory_vs_softmax", "memory / softmax", "{:.2f}")]
 
     def render(rows):
         for row in rows:
@@ -230,6 +272,8 @@ def run_train_step(c, device, out_dir=None):
                          and r["attention"] == "softmax"), None)
             if soft:
                 row["speedup"] = soft["step_ms"] / row["step_ms"]
+                if soft.get("peak_mib") and row.get("peak_mib"):
+                    row["memory_vs_softmax"] = row["peak_mib"] / soft["peak_mib"]
         md = (f"Whole-model training step (forward, backward, AdamW), {c['model']['n_layers']} layers, d_model "
               f"{c['model']['d_model']}, batch {c['train_batch']}, float32 or bfloat16 autocast, {device}.\n"
               f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
@@ -240,21 +284,16 @@ def run_train_step(c, device, out_dir=None):
     progress = Progress(out_dir, "train_step", [f"{n} L={L} {p} {v[0]}" for n, L, p, v in cases], render,
                         c.get("quick")) if out_dir is not None else None
     rows = []
+    memory = not c.get("quick")                   # quick: no subprocess per case for its peak memory
     for name, L, precision, (label, attention, options) in cases:
-        info = dataset_info(name)
-        torch.manual_seed(0)
-        model = build_model({**c["model"], "attention": attention, "attention_options": options}, info).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        x = torch.randint(0, 256, (c["train_batch"], L), dtype=torch.uint8, device=device)
-
-        def step():
-            with autocast(device, precision == "bfloat16"):
-                loss = model.nll(x).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        model_cfg = {**c["model"], "attention": attention, "attention_options": options}
+        step = training_step(model_cfg, name, L, c["train_batch"], precision, device)
+        mem = in_child(f"train_step_peak_child({model_cfg!r}, {name!r}, {L}, {c['train_batch']}, {precision!r}, "
+                       f"{str(device)!r})", torch.get_num_threads(), f"{label} at L={L}") if memory else None
         rows.append({"data": name, "length": L, "precision": precision, "attention": label,
-                     "step_ms": median_ms(step, device, c["repeat"])})
+                     "step_ms": median_ms(step, device, c["repeat"]),
+                     "peak_mib": None if mem is None else mem / 2 ** 20})
+        del step
         line = f"{name} L={L} {precision} {label:18s} {rows[-1]['step_ms']:.1f} ms/step"
         if progress:
             progress.row(rows[-1], line)

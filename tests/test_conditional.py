@@ -102,6 +102,7 @@ def test_a_single_label_applies_to_every_image():
     assert torch.equal(generate(model, 3, labels=[2], seed=5), generate(model, 3, labels=[2, 2, 2], seed=5))
 
 
+@pytest.mark.slow
 def test_conditional_training_keeps_an_average_of_the_weights_and_samples_by_time(tmp_path, mnist_root):
     """Through the trainer: labels reach the model, validation reports the averaged and the raw
     weights, best.pt holds both, and train.sample_minutes writes grids without sample_every."""

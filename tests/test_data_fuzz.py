@@ -75,6 +75,7 @@ def check_cifar(path, content):
 @FUZZ
 @given(content=st.binary(max_size=4096), dims=st.sampled_from([1, 3]),
        wrap=st.sampled_from(["raw", "gzip", "gzip magic"]))
+@pytest.mark.slow
 def test_any_bytes_as_an_idx_file(tmp_path, content, dims, wrap):
     if wrap == "gzip":
         content = gzip.compress(content)
@@ -83,6 +84,7 @@ def test_any_bytes_as_an_idx_file(tmp_path, content, dims, wrap):
     check_idx(tmp_path / "file", content, dims)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data(), which=st.sampled_from(["images", "labels"]), gz=st.booleans())
 def test_mutated_idx_files(tmp_path, data, which, gz):
@@ -97,12 +99,14 @@ def test_any_bytes_as_a_cifar_batch(tmp_path, content):
     check_cifar(tmp_path / "data_batch_1", content)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(content=st.binary(max_size=512).map(lambda b: b"\x80\x04\x95" + b))
 def test_any_protocol_4_stream_as_a_cifar_batch(tmp_path, content):
     check_cifar(tmp_path / "data_batch_1", content)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", sorted(CIFAR))
 @FUZZ
 @given(data=st.data())

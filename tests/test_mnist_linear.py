@@ -30,6 +30,7 @@ def test_it_loads_by_name_with_a_config_that_passes_the_checks():
     assert ck["record"]["n_params"] == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_its_bits_per_dim_on_500_test_digits_match_its_record_and_card():
     x, y = load_split("mnist", shared_data("mnist"), "test")
     model = imagegen.load(NAME)
@@ -43,6 +44,7 @@ def test_its_bits_per_dim_on_500_test_digits_match_its_record_and_card():
     assert bpd == pytest.approx(float(stated.group(1)), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_it_draws_the_class_asked_for_more_often_than_chance():
     """A smoke check of the conditioning (the card's label-accuracy table is the real measure):
     guided samples of two classes differ, and the same seed repeats them."""

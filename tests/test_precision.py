@@ -140,6 +140,7 @@ def assert_close_distributions(model, got, want):
     ("softmax", False, "auto", False),      # KV cache float32
     ("softmax", False, "auto", True),       # KV cache in bfloat16
 ])
+@pytest.mark.slow
 def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl, bf16_cache, batch):
     model = scaled_model(attention, impl=impl)
     for block in model.blocks:

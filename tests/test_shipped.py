@@ -61,6 +61,7 @@ def test_convert_writes_the_averaged_weights_and_a_config_that_loads_anywhere(ru
     assert model.guidance == 2.0 and model.class_names == [str(d) for d in range(10)]
 
 
+@pytest.mark.slow
 def test_api_generates_completes_and_scores_like_the_commands(run_checkpoint, tmp_path, mnist_root):
     path, _ = run_checkpoint
     model = imagegen.load(path)
@@ -105,6 +106,7 @@ def test_damaged_or_mismatched_safetensors_are_one_sentence(run_checkpoint, tmp_
         checkpoint.load(weights)
 
 
+@pytest.mark.slow
 def test_names_resolve_to_shipped_models_and_outputs_stay_out_of_the_package(run_checkpoint, tmp_path, mnist_root,
                                                                              monkeypatch):
     path, _ = run_checkpoint

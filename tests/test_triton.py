@@ -32,7 +32,8 @@ except ImportError as exc:
 REQUIRED = os.environ.get("IMAGEGEN_REQUIRE_TRITON", "") not in ("", "0")
 if MISSING and REQUIRED:
     raise RuntimeError(f"IMAGEGEN_REQUIRE_TRITON is set but triton does not import: {MISSING}")
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"triton does not import: {MISSING}")
+pytestmark = [pytest.mark.skipif(MISSING is not None, reason=f"triton does not import: {MISSING}"),
+              pytest.mark.slow]        # Triton's interpreter: seconds per test; CI runs them all
 
 DEVICES = [pytest.param("cpu", id="interp"),
            pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(

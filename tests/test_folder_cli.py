@@ -158,3 +158,26 @@ def test_torchrun_two_processes_on_a_folder_equal_one(tmp_path):
     proc = run("imagegen-train", *TRAIN, *data, f"run_dir={one}")
     assert "converted" not in proc.stdout + proc.stderr
     assert_close_runs(one, two)
+
+
+@pytest.mark.slow
+def test_the_64x64_preset_trains_samples_and_exports(tmp_path):
+    """preset=cpu_64 at its real size: 64x64 colour images (12,288 sub-pixels) from a folder, two
+    training steps, a sampled image, and the browser export of the model."""
+    root = tmp_path / "pics"
+    write_class_folder(root, classes=("a", "b"), per_class=6, size=(80, 70))
+    data = ["data=folder", f"data.root={root}", "data.image_size=64", "data.channels=3", "data.workers=1"]
+    run_dir = tmp_path / "run"
+    proc = run("imagegen-train", "preset=cpu_64", *data, f"run_dir={run_dir}", "train.max_steps=2",
+               "train.val_images=2", "train.sample_every=0", "train.sample_minutes=0", "train.progress=false",
+               "threads=1")
+    assert "training images of 12288 sub-pixels" in proc.stdout + proc.stderr
+    png = tmp_path / "one.png"
+    run("imagegen-sample", f"checkpoint={run_dir / 'last.pt'}", "num_images=1", "nrow=1", "scale=1", f"out={png}",
+        "progress=false", "threads=1")
+    from PIL import Image
+    assert Image.open(png).size == (64 + 4, 64 + 4)         # one tile, 2 px of padding around it
+    site = tmp_path / "site"
+    run("imagegen-export", f"checkpoint={run_dir / 'last.pt'}", f"out={site}", "examples=0")
+    config = json.loads((site / "config.json").read_text())
+    assert (config["height"], config["width"], config["channels"]) == (64, 64, 3), config

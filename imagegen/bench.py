@@ -25,10 +25,10 @@ def task(c, device):
         from .benchmarks import sampling
         if device.type != "cpu":
             raise UserError("mode=sampling runs on the CPU in this version; use device=cpu.")
-        result = sampling.run(c, c["model"], info)
-        md = sampling.report(result, c, c["arch_name"], info, c["model"])
         name = f"sampling-{c['data']['name']}-{c['arch_name']}"
-        report.write_outputs(out, name, {"config": c, "machine": report.machine(), **result}, md)
+        result = sampling.run(c, c["model"], info, out_dir=out, out_name=name)     # rows written as they come
+        md = sampling.report(result, c, c["arch_name"], info, c["model"])
+        report.write_outputs(out, name, {"partial": False, "config": c, "machine": report.machine(), **result}, md)
         sampling.plot_latency(out / f"{name}-latency.png", result, c["plot_batch"], log=c["plot_log"],
                               title=f"Per-step latency, {c['arch_name']} architecture, {info.length} sub-pixels")
     elif c["mode"] == "browser":

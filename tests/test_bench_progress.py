@@ -46,3 +46,30 @@ def test_quick_settings():
     assert progress.apply_quick({**c, "quick": False}) == {**c, "quick": False}
     assert progress.apply_quick({**c, "mode": "attention"})["lengths"] == [784, 3072]
     assert progress.apply_quick({**c, "mode": "sampling"})["step_batches"] == [1, 16]
+
+
+def test_sampling_rows_are_written_as_they_come_and_a_stopped_run_keeps_them(tmp_path, monkeypatch, capsys):
+    from imagegen.benchmarks import sampling
+    from imagegen.data import dataset_info
+    cfg = {"seed": 0, "n_positions": 2, "probe_positions": [], "sampling_precisions": ["float32"], "reps": 1,
+           "methods": ["linear-recurrent"], "step_batches": [1, 2, 3], "recompute_batches": [1],
+           "max_cache_gb": 1.0, "lsh_options": {}, "arch_name": "tiny", "quick": True}
+    model = {"attention": "linear", "attention_options": {}, "n_layers": 1, "d_model": 8, "n_heads": 2, "d_ff": 16,
+             "head": "categorical", "n_mixtures": 2, "dropout": 0.0}
+    monkeypatch.setattr(sampling, "whole_image_seconds", lambda *a, **k: 1.0)
+    real, calls = sampling.latency, []
+
+    def stop_at_batch_3(model_, sampler, batch, *args, **kw):
+        calls.append(batch)
+        if batch == 3:
+            raise KeyboardInterrupt
+        return real(model_, sampler, batch, *args, **kw)
+    monkeypatch.setattr(sampling, "latency", stop_at_batch_3)
+    with pytest.raises(KeyboardInterrupt):
+        sampling.run(cfg, model, dataset_info("mnist"), out_dir=tmp_path, out_name="s")
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("plan (quick): 3 cases: linear-recurrent batch 1, linear-recurrent batch 2")
+    assert "[2/3 " in out and "left]" in out
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["partial"] is True and [r["batch"] for r in saved["results"]] == [1, 2]
+    assert "| linear-recurrent | float32 | 2 |" in (tmp_path / "s.md").read_text()

@@ -28,6 +28,7 @@ from ..model import build_model
 from ..precision import resolve_precisions
 from ..sampling import draw_step, fill_step, recompute_step
 from .. import plots
+from .progress import Progress
 from .report import machine, markdown_table
 
 METHODS = {  # name: (attention, sampler)
@@ -132,19 +133,29 @@ def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dt
     return None
 
 
-def run(cfg, model_cfg, info):
-    """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method)."""
+def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
+    """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method). With
+    out_dir: the plan first, and out_dir/out_name.json and .md rewritten after every batch size."""
     torch.manual_seed(cfg["seed"])
     positions = timed_positions(info.length, cfg["n_positions"], cfg["probe_positions"])
     precisions, note = resolve_precisions(cfg["sampling_precisions"], torch.device("cpu"), "sampling_precisions")
     if note:
         print(note)
     results, curves = [], {p: {} for p in precisions}
+
+    def render(rows):
+        result = summarize(rows, positions, precisions, curves)
+        return {"config": cfg, "machine": machine(), **result}, report(result, cfg, cfg["arch_name"], info, model_cfg)
+
+    def batches_of(name):
+        return cfg["step_batches"] if METHODS[name][1] == "step" else cfg["recompute_batches"]
+    cases = [f"{name} batch {b}" for name in cfg["methods"] for b in batches_of(name)]
+    progress = Progress(out_dir, out_name, cases, render, cfg.get("quick")) if out_dir is not None else None
     for name in cfg["methods"]:
         attention, sampler = METHODS[name]
         options = cfg["lsh_options"] if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
         model = build_model({**model_cfg, "attention": attention, "attention_options": options}, info).eval()
-        batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]
+        batches = batches_of(name)
         if name == "softmax-kv-cache-bf16":
             for block in model.blocks:
                 block.attn.bf16_cache = True
@@ -164,17 +175,32 @@ def run(cfg, model_cfg, info):
                     lat[p].append(latency(model, sampler, batch, t, cfg["reps"], getattr(torch, p)))
             whole = {p: whole_image_seconds(model, cfg["seed"], getattr(torch, p))
                      for p in todo if sampler == "step" and batch == 1}
+            lines = []
             for precision in todo:
                 row = row_of(name, precision, batch, positions, lat[precision], model.length, cfg["probe_positions"])
                 if precision in whole:
                     row["whole_image_seconds"] = whole[precision]
                 results.append(row)
                 curves[precision][(name, batch)] = lat[precision]
-                print(f"{name:18s} {precision:8s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
-                      f"(step {row['step_ms_first']:.2f} -> {row['step_ms_last']:.2f} ms)", flush=True)
+                lines.append(f"{name:18s} {precision:8s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
+                             f"(step {row['step_ms_first']:.2f} -> {row['step_ms_last']:.2f} ms)")
+            if progress:
+                progress.rows = results
+                progress.case_done("; ".join(lines) or f"{name} batch {batch}: skipped")
+                if results:
+                    progress.write(partial=True, quiet=True)
+            else:
+                for line in lines:
+                    print(line, flush=True)
     if not results:
         raise UserError("every batch size was skipped (see the lines above), so there is nothing to report; "
                         "add smaller step_batches or recompute_batches, or raise max_cache_gb.")
+    return summarize(results, positions, precisions, curves)
+
+
+def summarize(results, positions, precisions, curves):
+    """The result dict of `run`: every row, the best batch per method and precision with its ratios,
+    and the latency curves."""
     best = {}
     for row in results:
         key = (row["method"], row["precision"])

@@ -19,7 +19,7 @@ def task(c, device):
     from .benchmarks.progress import apply_quick
     c = apply_quick(c)                     # quick=true: about a minute on 2 cores
     out = Path(c["out_dir"])
-    info = dataset_info(c["data"]["name"])
+    info = dataset_info(c["data"])
     from .benchmarks import report
     if c["mode"] == "sampling":
         from .benchmarks import sampling

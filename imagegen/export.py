@@ -45,7 +45,8 @@ def safetensors_bytes(tensors):
 def page_config(model, dataset, guidance=1.0):
     """What sampler.js needs besides the weights (config.json): the architecture, the image shape, the
     head (head_params: P per position), the classes (num_classes 0: unconditional; the page offers a
-    class picker otherwise) and the page's default guidance; n_params counts the model's parameters."""
+    class picker otherwise) and the page's default guidance; n_params counts the model's parameters.
+    dataset: a name (mnist) or a checkpoint's data section (a folder's size and classes come from it)."""
     attn = model.blocks[0].attn
     if attn.name != "linear":
         raise UserError(f"this checkpoint uses {attn.name} attention, but the browser sampler runs linear attention "
@@ -105,9 +106,9 @@ def export(cfg):
     guidance = float(ck.get("record", {}).get("guidance", 1.0) if guidance is None else guidance)
     if guidance < 0:
         raise UserError(f"guidance must be >= 0 (got {guidance}); 1 samples the plain conditional distribution.")
-    page_config(model, ck["config"]["data"]["name"])          # refuse what the page cannot run before reading data
+    page_config(model, ck["config"]["data"])          # refuse what the page cannot run before reading data
     examples = test_images(ck, cfg["examples"], cfg.get("data"))
-    return write_site(model, ck["config"]["data"]["name"], cfg["out"], examples, guidance, cfg.get("overwrite", False))
+    return write_site(model, ck["config"]["data"], cfg["out"], examples, guidance, cfg.get("overwrite", False))
 
 
 def run_export(cfg, device):

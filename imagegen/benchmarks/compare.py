@@ -76,7 +76,7 @@ def run(cfg, evaluate):
                         f"the same data to every checkpoint (eval_data.root) or bound them all with max_images=N.")
     for row, (path, ck) in zip(rows, models):
         model = checkpoint.model_from_checkpoint(ck, path).eval()
-        info = dataset_info(ck["config"]["data"]["name"])
+        info = dataset_info(ck["config"]["data"])
         sampler = resolve_sampler(model, "auto")
         positions = timed_positions(info.length, cfg["n_positions"])
         batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]

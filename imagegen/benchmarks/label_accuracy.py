@@ -66,7 +66,7 @@ def main(argv=None):
     path = shipped.resolve(args.checkpoint)
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).eval()
-    info = dataset_info(ck["config"]["data"]["name"])
+    info = dataset_info(ck["config"]["data"])
     if not model.num_classes:
         raise SystemExit(f"error: {path} is an unconditional model; this benchmark needs a class-conditional one.")
     overrides = {"root": args.data_root}

@@ -255,6 +255,7 @@ def test_gated_kernel_request_falls_back_with_one_warning():
 @pytest.mark.skipif(not (torch.cuda.is_available() or (ops.triton_error("cpu") is None)),
                     reason="Triton neither compiled (no GPU) nor interpreted (TRITON_INTERPRET unset)")
 @pytest.mark.parametrize("name", ["relu", "favor", "rff"])
+@pytest.mark.slow                            # Triton's interpreter
 def test_triton_takes_mapped_features(name):
     device = "cuda" if torch.cuda.is_available() and not triton_linear.interpreting() else "cpu"
     torch.manual_seed(0)

@@ -11,9 +11,6 @@ CONF_DIR = data_dir("conf")  # shipped inside the package by a wheel, else the s
 GROUPS = ("model", "data", "preset")      # config groups; a command takes those it names
 
 
-COMMANDS = {"prepare": "imagegen-data prepare"}     # configs whose command is not imagegen-<config>
-
-
 @dataclass(frozen=True)
 class Command:
     """A console script: the module whose `main` runs it, and what its --help says."""
@@ -22,6 +19,7 @@ class Command:
     groups: tuple = ()
     examples: tuple = ()
     uses_device: bool = True       # False: the task gets no device, and torch is not imported for it
+    script: str = ""               # what the user types, when not imagegen-<config name>
 
 
 # Here rather than in each command's module, so that --help answers without importing torch (`launcher`).
@@ -76,12 +74,12 @@ COMMAND_TABLE = {
         ("imagegen-data prepare data.root=~/pictures data.image_size=32",
          "imagegen-data prepare data.root=~/pictures data.image_size=64 data.channels=1 data.fit=pad",
          "imagegen-data prepare data.root=~/pictures check=true",
-         "imagegen-data prepare data=mnist"), uses_device=False),
+         "imagegen-data prepare data=mnist"), uses_device=False, script="imagegen-data prepare"),
 }
 
 
 def command_name(config_name):
-    return COMMANDS.get(config_name, f"imagegen-{config_name}")
+    return COMMAND_TABLE[config_name].script or f"imagegen-{config_name}"
 
 
 def check_choices(argv, groups, config_name):
@@ -135,8 +133,8 @@ def help_text(config_name):
     """--help: the command, its config groups and every option with its type, default and sentence."""
     from omegaconf import OmegaConf
 
-    description, groups, examples = (getattr(COMMAND_TABLE[config_name], k) for k in ("description", "groups",
-                                                                                       "examples"))
+    command = COMMAND_TABLE[config_name]
+    description, groups, examples = command.description, command.groups, command.examples
     cfg = OmegaConf.to_container(compose(config_name, []), resolve=False)
     lines = [f"{command_name(config_name)}: {description}", "",
              f"usage: {command_name(config_name)} [key=value ...]" + (" [group=choice ...]" if groups else ""), ""]

@@ -33,15 +33,16 @@ class ModelConfig:
     head: str = opt("categorical", "output distribution: categorical (256-way) or mixture (discretized logistics)")
     n_mixtures: int = opt(10, "logistic components of the mixture head")
     dropout: float = opt(0.0, "dropout rate in the blocks (0 to 1)")
-    num_classes: int = opt(0, "class-conditional model over this many classes (the data's: 10 for mnist and "
-                              "cifar10); 0: unconditional")
+    num_classes: int = opt(0, "class-conditional model over this many classes (the data's: 10 for mnist, "
+                              "fashion_mnist and cifar10, 100 for cifar100); 0: unconditional")
 
 
 @dataclass
 class DataConfig:
-    name: str = opt("mnist", "dataset: mnist, cifar10 or folder")
-    root: str = opt("data/mnist", "folder holding MNIST/raw or cifar-10-batches-py, or the folder of images "
-                                  "(data=folder); made absolute when a run starts")
+    name: str = opt("mnist", "dataset: mnist, fashion_mnist, cifar10, cifar100, folder, imagenet32 or imagenet64")
+    root: str = opt("data/mnist", "folder holding the set's files (MNIST/raw, FashionMNIST/raw, cifar-10-batches-py, "
+                                  "cifar-100-python, ...), or the folder of images (data=folder); made absolute when "
+                                  "a run starts")
     download: bool = opt(True, "fetch the official files (md5-checked) when they are missing; false: never download")
     mirror: Optional[str] = opt(None, "base URL holding the official files under their names (null: "
                                       "$IMAGEGEN_DATA_MIRROR, else the official URLs)")

@@ -1,9 +1,11 @@
-"""MNIST and CIFAR-10 readers of the standard files, first-run download, image <-> sequence.
+"""The standard sets' readers of the official files, first-run download, image <-> sequence.
 
-MNIST: torchvision's layout `<root>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`.
-CIFAR-10: the python batches in `<root>/cifar-10-batches-py/` (any of data_batch_1..5, test_batch).
+MNIST, Fashion-MNIST: IDX files in torchvision's layout, `<root>/MNIST/raw/` and
+`<root>/FashionMNIST/raw/`, each `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`.
+CIFAR-10, CIFAR-100: the python pickles in `<root>/cifar-10-batches-py/` (any of data_batch_1..5,
+test_batch) and `<root>/cifar-100-python/` (train, test; fine labels). OFFICIAL describes each.
 Images become uint8 sequences of D sub-pixels in raster order, channels interleaved per
-pixel (CIFAR: r, g, b, r, g, b, ...): MNIST D = 784, CIFAR-10 D = 3072.
+pixel (CIFAR: r, g, b, r, g, b, ...): MNIST D = 784, CIFAR D = 3072.
 
 Reading a data file never runs code (the CIFAR pickles go through a restricted unpickler) and
 never holds more than the file's header promises; every bad file is one UserError sentence.
@@ -52,33 +54,87 @@ class DatasetInfo:
         return self.height * self.width * self.channels
 
 
+FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot")
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# CIFAR-100's fine labels, in the order of the official meta file's fine_label_names
+CIFAR100_CLASSES = ("apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle", "bicycle", "bottle",
+                    "bowl", "boy", "bridge", "bus", "butterfly", "camel", "can", "castle", "caterpillar", "cattle",
+                    "chair", "chimpanzee", "clock", "cloud", "cockroach", "couch", "crab", "crocodile", "cup",
+                    "dinosaur", "dolphin", "elephant", "flatfish", "forest", "fox", "girl", "hamster", "house",
+                    "kangaroo", "keyboard", "lamp", "lawn_mower", "leopard", "lion", "lizard", "lobster", "man",
+                    "maple_tree", "motorcycle", "mountain", "mouse", "mushroom", "oak_tree", "orange", "orchid",
+                    "otter", "palm_tree", "pear", "pickup_truck", "pine_tree", "plain", "plate", "poppy", "porcupine",
+                    "possum", "rabbit", "raccoon", "ray", "road", "rocket", "rose", "sea", "seal", "shark", "shrew",
+                    "skunk", "skyscraper", "snail", "snake", "spider", "squirrel", "streetcar", "sunflower",
+                    "sweet_pepper", "table", "tank", "telephone", "television", "tiger", "tractor", "train", "trout",
+                    "tulip", "turtle", "wardrobe", "whale", "willow_tree", "wolf", "woman", "worm")
 IMAGENET_CLASSES = tuple(str(k) for k in range(1, 1001))      # the downsampled files' 1-based label numbers
 DATASETS = {"mnist": DatasetInfo("mnist", 28, 28, 1, tuple(str(d) for d in range(10))),
+            "fashion_mnist": DatasetInfo("fashion_mnist", 28, 28, 1, FASHION_CLASSES),
             "cifar10": DatasetInfo("cifar10", 32, 32, 3, CIFAR10_CLASSES),
+            "cifar100": DatasetInfo("cifar100", 32, 32, 3, CIFAR100_CLASSES),
             "imagenet32": DatasetInfo("imagenet32", 32, 32, 3, IMAGENET_CLASSES),   # imagegen/imagenet.py
             "imagenet64": DatasetInfo("imagenet64", 64, 64, 3, IMAGENET_CLASSES)}
 CACHED = ("folder", "imagenet32", "imagenet64")     # read from a memory-mapped cache (imagegen/source.py)
 
-MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
-MNIST_FILES = {  # file -> md5 of the official gzipped file
-    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
-    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
-    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
-}
+
+@dataclass(frozen=True)
+class Official:
+    """A standard set's official files: title (as sentences name it), folder (under data.root), url (the
+    official base URL) and md5 (each file fetched from it -> its md5: an IDX set's four .gz files, a CIFAR
+    set's archive). CIFAR sets only: train (the training batches, any subset of which is read), test (the
+    test batch), keep (the archive's members unpacked), labels (the batches' key of the labels), meta and
+    meta_key (the file and its key naming the classes, checked against DATASETS when the file is there)."""
+    title: str
+    folder: str
+    url: str
+    md5: dict
+    train: tuple = ()          # empty: an IDX set, whose files have MNIST's names
+    test: str = ""
+    keep: tuple = ()
+    labels: str = "labels"
+    meta: str = ""
+    meta_key: str = ""
+
+    @property
+    def idx(self):
+        return not self.train
+
+
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/"
-CIFAR_ARCHIVE = "cifar-10-python.tar.gz"
-CIFAR_MD5 = "c58f30108f718f92721af3b95e74349a"
-CIFAR_MEMBERS = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta", "readme.html"]
+CIFAR10_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+OFFICIAL = {  # the md5s as torchvision's MNIST, FashionMNIST, CIFAR10 and CIFAR100 check them
+    "mnist": Official("MNIST", "MNIST/raw", "https://ossci-datasets.s3.amazonaws.com/mnist/", md5={
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c"}),
+    "fashion_mnist": Official("Fashion-MNIST", "FashionMNIST/raw",
+                              "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/", md5={
+        "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+        "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+        "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+        "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310"}),
+    "cifar10": Official("CIFAR-10", "cifar-10-batches-py", CIFAR_URL,
+                        md5={"cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a"},
+                        train=CIFAR10_BATCHES, test="test_batch",
+                        keep=CIFAR10_BATCHES + ("test_batch", "batches.meta", "readme.html"),
+                        meta="batches.meta", meta_key="label_names"),
+    "cifar100": Official("CIFAR-100", "cifar-100-python", CIFAR_URL,
+                         md5={"cifar-100-python.tar.gz": "eb9058c3a382ffc7106e4002c42a8d85"},
+                         train=("train",), test="test", keep=("train", "test", "meta"), labels="fine_labels",
+                         meta="meta", meta_key="fine_label_names"),
+}
 MIRROR_ENV = "IMAGEGEN_DATA_MIRROR"  # base URL holding the official files, used when data.mirror is null
 MAX_DOWNLOAD = 256 << 20             # bytes; every official file is smaller
-MAX_MEMBER = 64 << 20                # bytes; every file in the official CIFAR-10 archive is smaller
+MAX_MEMBER = 256 << 20               # bytes; every file in the official CIFAR archives is smaller (the largest,
+                                     # CIFAR-100's train, holds 153.6 MB of pixels)
 _CHUNK = 1 << 20
 
 
 def dataset_info(name):
-    """DatasetInfo of a dataset name (mnist, cifar10) or of a data config section (a dict): a folder's
+    """DatasetInfo of a dataset name (mnist, cifar10, ...) or of a data config section (a dict): a folder's
     size and channels come from its config, its class names from the config or the folder's cache."""
     if isinstance(name, dict):
         if name.get("name") == "folder":
@@ -87,7 +143,7 @@ def dataset_info(name):
         name = name.get("name")
     if name not in DATASETS:
         raise UserError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + ['folder']} (data=mnist, "
-                        f"data=cifar10, data=imagenet32, or data=folder data.root=DIR for a folder of images).")
+                        f"data=cifar100, data=imagenet32, or data=folder data.root=DIR for a folder of images).")
     return DATASETS[name]
 
 
@@ -116,42 +172,44 @@ def _read_upto(stream, n):
     return buf
 
 
-def read_idx(path, expected_dims, item_shape=None):
+def read_idx(path, expected_dims, item_shape=None, title="MNIST"):
     """Parse an IDX file (gzipped or not): big-endian header, magic 0x0000_08_<ndim>, uint8 data.
 
     The header's shape bounds what is read (a gzip stream that inflates further is refused, not
-    inflated); item_shape (e.g. (28, 28)) is checked against the header before the data is read."""
+    inflated); item_shape (e.g. (28, 28)) is checked against the header before the data is read.
+    title names the set in the error sentences."""
     with _open(path) as f:
         gz = f.read(2) == b"\x1f\x8b"
         f.seek(0)
         stream = gzip.GzipFile(fileobj=f, mode="rb") if gz else f
         try:
-            return _parse_idx(path, stream, expected_dims, item_shape, None if gz else os.fstat(f.fileno()).st_size)
+            return _parse_idx(path, stream, expected_dims, item_shape, None if gz else os.fstat(f.fileno()).st_size,
+                              title)
         except (OSError, EOFError, zlib.error) as e:
             if not gz:
                 raise UserError(f"cannot read {path} ({e}); check the file and its disk.") from None
             raise UserError(f"{path} is a corrupt gzip file ({e}); delete it and download it again.") from None
 
 
-def _parse_idx(path, stream, expected_dims, item_shape, file_size):
+def _parse_idx(path, stream, expected_dims, item_shape, file_size, title):
     magic = _read_upto(stream, 4)
     if len(magic) < 4 or magic[0:3] != b"\x00\x00\x08" or magic[3] != expected_dims:
         raise UserError(f"{path} is not an IDX uint8 file with {expected_dims} dimensions (bad magic number); "
-                        f"replace it with the official MNIST file.")
+                        f"replace it with the official {title} file.")
     header = 4 + 4 * expected_dims
     dims = _read_upto(stream, header - 4)
     if len(dims) < header - 4:
         raise UserError(f"{path} is truncated inside its IDX header; download it again.")
     shape = tuple(int.from_bytes(dims[4 * i: 4 * i + 4], "big") for i in range(expected_dims))
     if item_shape is not None and shape[1:] != tuple(item_shape):
-        raise UserError(f"{path} holds items of shape {shape[1:]}, not {tuple(item_shape)}; it is not MNIST.")
+        raise UserError(f"{path} holds items of shape {shape[1:]}, not {tuple(item_shape)}; it is not {title}.")
     size = int(np.prod(shape, dtype=object))
     if file_size is not None and file_size != header + size:
         raise UserError(f"{path} is truncated or padded: its header promises shape {shape} "
                         f"({header + size} bytes) but it holds {file_size} bytes; download it again.")
     if size > available_bytes(torch.device("cpu")):
         raise UserError(f"{path} promises shape {shape} ({size} bytes), more than the memory available; "
-                        f"it is not an MNIST file, download it again.")
+                        f"it is not a {title} file, download it again.")
     raw = _read_upto(stream, size)
     if len(raw) < size or stream.read(1):
         what = "fewer" if len(raw) < size else "more"
@@ -167,35 +225,47 @@ def _find(raw_dir, stem):
     return None
 
 
-def _mnist_missing(root, train):
-    raw_dir = Path(root) / "MNIST" / "raw"
+def _missing(name, root, train):
+    """The official files that name's training (train=True) or test files come from and that root lacks: an
+    IDX set's absent .gz files (a file counts gzipped or not), a CIFAR set's archive when none of the split's
+    batches is there."""
+    spec = OFFICIAL[name]
+    folder = Path(root) / spec.folder
+    if not spec.idx:
+        return [] if _batches(spec, folder, train) else list(spec.md5)
     prefix = "train" if train else "t10k"
     return [f"{prefix}-{kind}-ubyte.gz" for kind in ("images-idx3", "labels-idx1")
-            if _find(raw_dir, f"{prefix}-{kind}-ubyte") is None]
+            if _find(folder, f"{prefix}-{kind}-ubyte") is None]
 
 
-def load_mnist(root, train):
-    _check_root(root)
-    raw_dir = Path(root) / "MNIST" / "raw"
-    missing = _mnist_missing(root, train)
+def _not_found(name, root, what, files):
+    """The sentence for a set whose files are not under root: what (which are not, where), files (to fetch)."""
+    spec = OFFICIAL[name]
+    urls = " ".join(spec.url + f for f in files)
+    by_hand = f"into {Path(root) / spec.folder} by hand" if spec.idx else f"by hand and unpack it in {root}"
+    return UserError(f"{spec.title} not found: {what}{holds_other(name, root)}; pass data.download=true to fetch "
+                     f"them, or download {urls} {by_hand}, or point data.root at the folder holding {spec.folder}.")
+
+
+def _load_idx(name, root, train):
+    """(uint8 sequences (N, D), int64 labels (N,)) of an IDX set's training or test files."""
+    spec, info = OFFICIAL[name], DATASETS[name]
+    folder = Path(root) / spec.folder
+    missing = _missing(name, root, train)
     if missing:
-        urls = " ".join(MNIST_URL + name for name in missing)
-        raise UserError(f"MNIST not found: {', '.join(missing)} missing from {raw_dir} (gzipped or not)"
-                        f"{holds_other('mnist', root)}; "
-                        f"pass data.download=true to fetch them, or download {urls} into {raw_dir} by hand, "
-                        f"or point data.root at the folder holding MNIST/raw.")
+        raise _not_found(name, root, f"{', '.join(missing)} missing from {folder} (gzipped or not)", missing)
     prefix = "train" if train else "t10k"
-    images_path = _find(raw_dir, f"{prefix}-images-idx3-ubyte")
-    labels_path = _find(raw_dir, f"{prefix}-labels-idx1-ubyte")
-    images = read_idx(images_path, 3, item_shape=(28, 28))
-    labels = read_idx(labels_path, 1)
+    images_path = _find(folder, f"{prefix}-images-idx3-ubyte")
+    labels_path = _find(folder, f"{prefix}-labels-idx1-ubyte")
+    images = read_idx(images_path, 3, (info.height, info.width), spec.title)
+    labels = read_idx(labels_path, 1, title=spec.title)
     if len(labels) != len(images):
         raise UserError(f"{labels_path} holds {len(labels)} labels but {images_path} holds {len(images)} images; "
                         f"the two files do not belong together.")
-    return images.reshape(len(images), 784).copy(), labels.astype(np.int64)
+    return images.reshape(len(images), info.length).copy(), labels.astype(np.int64)
 
 
-# ---------------------------------------------------------------- CIFAR-10 (python batches)
+# ---------------------------------------------------------------- CIFAR-10, CIFAR-100 (python pickles)
 _NDARRAY = object()  # stands for numpy.ndarray inside a pickle: named, never called
 _RECONSTRUCT = np.empty(0).__reduce__()[0]  # numpy's array reconstruction (numpy.core or numpy._core)
 _SCALAR = np.uint8(0).__reduce__()[0]
@@ -240,7 +310,7 @@ def _reconstruct(subtype, shape, dtype):
     return _RECONSTRUCT(_Array, (0,), "b")
 
 
-_ALLOWED = {  # every global the official CIFAR-10 python batches (and numpy 1 or 2 re-pickles) name
+_ALLOWED = {  # every global the official CIFAR python files (and numpy 1 or 2 re-pickles) name
     ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy.core.multiarray", "scalar"): lambda dtype, *args: _SCALAR(_fresh(dtype), *args),
@@ -255,26 +325,27 @@ _ALLOWED = {  # every global the official CIFAR-10 python batches (and numpy 1 o
 class _CifarUnpickler(pickle.Unpickler):
     """Builds dicts, lists, strings, bytes, numbers and numpy arrays; refuses every other global."""
 
-    def __init__(self, file, path):
+    def __init__(self, file, path, title):
         super().__init__(file, encoding="latin1")
-        self.path = path
+        self.path, self.title = path, title
 
     def find_class(self, module, name):
         if (module, name) in _ALLOWED:
             return _ALLOWED[module, name]
-        raise UserError(f"{self.path} asks to load {module}.{name}, which no CIFAR-10 batch holds; it was refused "
+        raise UserError(f"{self.path} asks to load {module}.{name}, which no {self.title} file holds; it was refused "
                         f"without running anything (the file may be hostile): delete it and download it again.")
 
     def persistent_load(self, pid):
         raise pickle.UnpicklingError("persistent ids")
 
 
-def _unpickle(path):
+def _unpickle(path, title="CIFAR-10"):
+    """What a CIFAR python file holds, through the restricted unpickler; title names the set in the errors."""
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size > available_bytes(torch.device("cpu")) // 2:
-            raise UserError(f"{path} holds {size} bytes, more than a CIFAR-10 batch and than the memory "
-                            f"available to read it; it is not CIFAR-10.")
+            raise UserError(f"{path} holds {size} bytes, more than any {title} file and than the memory "
+                            f"available to read it; it is not {title}.")
         try:
             raw = f.read()
         except OSError as e:
@@ -282,33 +353,34 @@ def _unpickle(path):
     try:
         for _ in pickletools.genops(io.BytesIO(raw)):  # every length field within the file, before allocating
             pass
-        return _CifarUnpickler(io.BytesIO(raw), path).load()
+        return _CifarUnpickler(io.BytesIO(raw), path, title).load()
     except UserError:
         raise
     except Exception as e:  # pickle raises many types on bad input
         why = f"{type(e).__name__}: {e}" if isinstance(e, pickle.UnpicklingError) else type(e).__name__
-        raise UserError(f"{path} is not a readable CIFAR-10 python batch ({' '.join(why.split())[:160]}); "
+        raise UserError(f"{path} is not a readable {title} python file ({' '.join(why.split())[:160]}); "
                         f"download it again.") from None
 
 
-def _is_label(v):
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v < 10
+def _is_label(v, n):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v < n
 
 
-def read_cifar_batch(path):
-    """(uint8 sequences (B, 3072) in raster order, int64 labels (B,)) of one CIFAR-10 python batch."""
-    batch = _unpickle(path)
-    if not isinstance(batch, dict) or "data" not in batch or "labels" not in batch:
-        raise UserError(f"{path} is not a CIFAR-10 batch (no 'data'/'labels' keys); download it again.")
-    data, labels = batch["data"], batch["labels"]
+def read_cifar_batch(path, name="cifar10"):
+    """(uint8 sequences (B, 3072) in raster order, int64 labels (B,)) of one python batch of a CIFAR set."""
+    spec, n = OFFICIAL[name], DATASETS[name].num_classes
+    batch = _unpickle(path, spec.title)
+    if not isinstance(batch, dict) or "data" not in batch or spec.labels not in batch:
+        raise UserError(f"{path} is not a {spec.title} batch (no 'data'/{spec.labels!r} keys); download it again.")
+    data, labels = batch["data"], batch[spec.labels]
     data = data.view(np.ndarray) if isinstance(data, np.ndarray) else data
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         desc = f"data of shape {data.shape} and dtype {data.dtype}" if isinstance(data, np.ndarray) else \
             f"data of type {type(data).__name__}"
-        raise UserError(f"{path} holds {desc}, not N x 3072 uint8; it is not CIFAR-10.")
-    if not isinstance(labels, list) or not all(_is_label(v) for v in labels):
-        raise UserError(f"{path} holds labels that are not a list of integers 0..9; it is not CIFAR-10, "
-                        f"download it again.")
+        raise UserError(f"{path} holds {desc}, not N x 3072 uint8; it is not {spec.title}.")
+    if not isinstance(labels, list) or not all(_is_label(v, n) for v in labels):
+        raise UserError(f"{path} holds {spec.labels} that are not a list of integers 0..{n - 1}; it is not "
+                        f"{spec.title}, download it again.")
     if len(labels) != len(data):
         raise UserError(f"{path} holds {len(data)} images but {len(labels)} labels; download it again.")
     # channel-planar R(1024) G(1024) B(1024) -> raster order with r, g, b interleaved per pixel
@@ -316,26 +388,32 @@ def read_cifar_batch(path):
     return np.ascontiguousarray(seq), np.array(labels, dtype=np.int64).reshape(len(labels))
 
 
-def _cifar_paths(root, train):
-    folder = Path(root) / "cifar-10-batches-py"
-    names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
+def _batches(spec, folder, train):
+    names = spec.train if train else (spec.test,)
     return [folder / n for n in names if os.path.exists(folder / n)]
 
 
-def _cifar_absent(root, train):
-    return not _cifar_paths(root, train)
+def _check_class_names(name, path):
+    """Refuse a CIFAR set's meta file that does not name DATASETS[name]'s classes, in their order."""
+    spec, names = OFFICIAL[name], DATASETS[name].class_names
+    meta = _unpickle(path, spec.title)
+    if not isinstance(meta, dict) or meta.get(spec.meta_key) != list(names):
+        raise UserError(f"{path} does not name {spec.title}'s {len(names)} classes ({names[0]}, {names[1]}, ..., "
+                        f"{names[-1]}) in {spec.meta_key!r}; it is not {spec.title}'s {spec.meta} file, download it "
+                        f"again.")
 
 
-def load_cifar10(root, train):
-    _check_root(root)
-    folder = Path(root) / "cifar-10-batches-py"
-    paths = _cifar_paths(root, train)
+def _load_cifar(name, root, train):
+    """(uint8 sequences (N, 3072), int64 labels (N,)) of a CIFAR set's training or test batches."""
+    spec = OFFICIAL[name]
+    folder = Path(root) / spec.folder
+    paths = _batches(spec, folder, train)
     if not paths:
-        raise UserError(f"CIFAR-10 not found: expected {folder}/{'data_batch_1..5' if train else 'test_batch'}"
-                        f"{holds_other('cifar10', root)}; "
-                        f"pass data.download=true to fetch them, or download {CIFAR_URL + CIFAR_ARCHIVE} by hand "
-                        f"and unpack it in {root}, or point data.root at the folder holding cifar-10-batches-py.")
-    parts = [read_cifar_batch(p) for p in paths]
+        what = f"no {'training' if train else 'test'} batch ({', '.join(spec.train if train else (spec.test,))})"
+        raise _not_found(name, root, f"{what} in {folder}", list(spec.md5))
+    if os.path.exists(folder / spec.meta):
+        _check_class_names(name, folder / spec.meta)
+    parts = [read_cifar_batch(p, name) for p in paths]
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
@@ -430,20 +508,20 @@ def _fetch(url, dest, md5, what, root, urls, unpack=False):
             os.close(lock)
 
 
-def _extract_cifar(archive, root):
-    """Unpack the (checksummed) archive's batches into root/cifar-10-batches-py, each file through a
-    temporary folder and a rename, never overwriting a file already there."""
-    folder = Path(root) / "cifar-10-batches-py"
+def _extract(spec, archive, root):
+    """Unpack the (checksummed) archive's members that spec keeps into root/<spec.folder>, each file
+    through a temporary folder and a rename, never overwriting a file already there."""
+    folder = Path(root) / spec.folder
     folder.mkdir(parents=True, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(dir=folder, prefix=".extract.")
     try:
         with tarfile.open(archive, "r:gz") as tar:
             for member in tar.getmembers():
-                name = member.name.removeprefix("cifar-10-batches-py/")
-                if name in CIFAR_MEMBERS and member.isfile() and member.size <= MAX_MEMBER:
+                name = member.name.removeprefix(spec.folder + "/")
+                if name in spec.keep and member.isfile() and member.size <= MAX_MEMBER:
                     member.name = name
                     tar.extract(member, tmp_dir, filter="data")
-        for name in CIFAR_MEMBERS:
+        for name in spec.keep:
             if os.path.exists(Path(tmp_dir) / name) and not os.path.exists(folder / name):
                 os.replace(Path(tmp_dir) / name, folder / name)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
@@ -453,13 +531,12 @@ def _extract_cifar(archive, root):
 
 
 def holds_other(name, root):
-    """" (which holds MNIST files, not CIFAR-10)" when root holds the other dataset's files but none of
+    """" (which holds MNIST files, not CIFAR-10)" when root holds another standard set's files but none of
     `name`'s (a data.root pointing at the wrong dataset), else ""."""
-    has = {"mnist": not all(_mnist_missing(root, t) for t in (True, False)),
-           "cifar10": not all(_cifar_absent(root, t) for t in (True, False))}
-    other = "cifar10" if name == "mnist" else "mnist"
-    label = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
-    return f" (which holds {label[other]} files, not {label[name]})" if has[other] and not has[name] else ""
+    held = [n for n in OFFICIAL if not all(_missing(n, root, t) for t in (True, False))]
+    if not held or name in held:
+        return ""
+    return f" (which holds {OFFICIAL[held[0]].title} files, not {OFFICIAL[name].title})"
 
 
 def download(name, root, mirror=None, splits=("train", "test")):
@@ -474,19 +551,17 @@ def download(name, root, mirror=None, splits=("train", "test")):
     if where != str(root):
         print(f"note: data.root {where}: {name} is fetched into it; pass data.root=... naming the {name} "
               f"folder if that is not what you want.")
-    if name == "mnist":
-        base = _base_url(MNIST_URL, mirror)
-        missing = [f for t in train_files for f in _mnist_missing(root, t)]
-        for i, fname in enumerate(missing):
-            _fetch(base + fname, root / "MNIST" / "raw" / fname, MNIST_FILES[fname], "MNIST", where,
-                   [base + f for f in missing[i:]])
-    elif any(_cifar_absent(root, t) for t in train_files):
-        archive = root / CIFAR_ARCHIVE
-        if not (os.path.exists(archive) and _md5(archive) == CIFAR_MD5):
-            url = _base_url(CIFAR_URL, mirror) + CIFAR_ARCHIVE
-            _fetch(url, archive, CIFAR_MD5, "CIFAR-10", where, [url], unpack=True)
-        _extract_cifar(archive, root)
-        os.unlink(archive)
+    spec = OFFICIAL[name]
+    base = _base_url(spec.url, mirror)
+    missing = list(dict.fromkeys(f for t in train_files for f in _missing(name, root, t)))
+    for i, fname in enumerate(missing):
+        dest = root / spec.folder / fname if spec.idx else root / fname    # a CIFAR set's archive: unpacked below
+        if not (os.path.exists(dest) and _md5(dest) == spec.md5[fname]):   # (an archive an earlier run left)
+            _fetch(base + fname, dest, spec.md5[fname], spec.title, where, [base + f for f in missing[i:]],
+                   unpack=not spec.idx)
+        if not spec.idx:
+            _extract(spec, dest, root)
+            os.unlink(dest)
 
 
 # ---------------------------------------------------------------- splits
@@ -504,12 +579,13 @@ def load_splits(name, root, splits, val_fraction=0.05, seed=0, download_missing=
             raise UserError(f"unknown split {split!r}; choose train, val or test.")
     if not 0 <= val_fraction < 1:
         raise UserError(f"data.val_fraction must be at least 0 and below 1, not {val_fraction}.")
+    _check_root(root)
     if download_missing:
         download(name, root, mirror, splits)
-    loader = load_mnist if name == "mnist" else load_cifar10
+    loader = _load_idx if OFFICIAL[name].idx else _load_cifar
     out = {}
     for train_files in sorted({split != "test" for split in splits}):
-        x, y = loader(root, train=train_files)
+        x, y = loader(name, root, train_files)
         assert x.shape[1] == info.length
         files = "training" if train_files else "test"
         if len(x) == 0:

@@ -1,5 +1,5 @@
-"""Small datasets written in the real on-disk formats (IDX, CIFAR-10 python batches), and where the
-real files of this project's machines are."""
+"""Small datasets written in the real on-disk formats (IDX, CIFAR-10 and CIFAR-100 python pickles), and
+where the real files of this project's machines are."""
 import gzip
 import os
 import pickle
@@ -13,10 +13,11 @@ def idx_bytes(array):
     return header + array.astype(np.uint8).tobytes()
 
 
-def write_mnist(root, n_train=40, n_test=16, gz=True, seed=0):
-    """Blobby 28x28 'digits' (mostly 0 with bright strokes, like MNIST) in <root>/MNIST/raw."""
+def write_mnist(root, n_train=40, n_test=16, gz=True, seed=0, folder="MNIST/raw"):
+    """Blobby 28x28 'digits' (mostly 0 with bright strokes, like MNIST) in <root>/<folder> (Fashion-MNIST's
+    files have the same names, in FashionMNIST/raw)."""
     rng = np.random.default_rng(seed)
-    raw = Path(root) / "MNIST" / "raw"
+    raw = Path(root) / folder
     raw.mkdir(parents=True, exist_ok=True)
     out = {}
     for prefix, n in (("train", n_train), ("t10k", n_test)):
@@ -51,9 +52,10 @@ def write_cifar(root, batches=("data_batch_1", "test_batch"), n=12, seed=0):
     return out
 
 
-def py2_cifar_pickle(data, labels):
+def py2_cifar_pickle(data, labels, key="labels", coarse=None):
     """A CIFAR-10 batch pickled as the official files are (Python 2, protocol 2: numpy.core.multiarray
-    names, the pixels as a py2 str), assembled opcode by opcode since Python 3 cannot write one."""
+    names, the pixels as a py2 str), assembled opcode by opcode since Python 3 cannot write one.
+    CIFAR-100's: key="fine_labels" and coarse, the coarse labels."""
     def s(text):  # SHORT_BINSTRING
         return b"U" + bytes([len(text)]) + text.encode()
 
@@ -66,9 +68,28 @@ def py2_cifar_pickle(data, labels):
     array = b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + i(0) + b"\x85" + s("b") + b"\x87R" \
         + b"(" + i(1) + i(data.shape[0]) + i(data.shape[1]) + b"\x86" + dtype + b"\x89" \
         + b"T" + len(raw).to_bytes(4, "little") + raw + b"tb"
-    items = s("batch_label") + s("testing batch 1 of 1") + s("labels") + b"](" + b"".join(i(v) for v in labels) \
-        + b"e" + s("data") + array + s("filenames") + b"](" + b"".join(s(f"{k}.png") for k in range(len(labels))) + b"e"
+    items = s("batch_label") + s("testing batch 1 of 1") + s(key) + b"](" + b"".join(i(v) for v in labels) + b"e" \
+        + (s("coarse_labels") + b"](" + b"".join(i(v) for v in coarse) + b"e" if coarse is not None else b"") \
+        + s("data") + array + s("filenames") + b"](" + b"".join(s(f"{k}.png") for k in range(len(labels))) + b"e"
     return b"\x80\x02}(" + items + b"u."
+
+
+def write_cifar100(root, n_train=10, n_test=4, seed=0):
+    """cifar-100-python/{train,test} pickled as the official files are (py2_cifar_pickle, fine and coarse
+    labels) and its meta (fine_label_names, coarse_label_names) under root; returns {file: (data, fine)}."""
+    from imagegen.data import CIFAR100_CLASSES
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "cifar-100-python"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, n in (("train", n_train), ("test", n_test)):
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+        fine = rng.integers(0, 100, size=n).tolist()
+        (folder / name).write_bytes(py2_cifar_pickle(data, fine, key="fine_labels", coarse=[v // 5 for v in fine]))
+        out[name] = (data, fine)
+    meta = {"fine_label_names": list(CIFAR100_CLASSES), "coarse_label_names": [f"super{k}" for k in range(20)]}
+    (folder / "meta").write_bytes(pickle.dumps(meta, protocol=2))
+    return out
 
 
 class Payload:

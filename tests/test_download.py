@@ -9,6 +9,7 @@ import sys
 import tarfile
 import threading
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,15 +72,21 @@ def official(tmp_path_factory):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(src / "cifar-10-batches-py", arcname="cifar-10-batches-py")
-    files[data.CIFAR_ARCHIVE] = buf.getvalue()
+    files["cifar-10-python.tar.gz"] = buf.getvalue()
     return files, mnist, cifar
+
+
+def official_md5s(monkeypatch, files, *names):
+    """Patch the md5s of the named sets' official files to those of the fixtures served in their place."""
+    for name in names:
+        spec = data.OFFICIAL[name]
+        monkeypatch.setitem(data.OFFICIAL, name, replace(spec, md5={f: md5(files[f]) for f in spec.md5}))
 
 
 @pytest.fixture
 def server(official, monkeypatch):
     files = official[0]
-    monkeypatch.setattr(data, "MNIST_FILES", {name: md5(files[name]) for name in data.MNIST_FILES})
-    monkeypatch.setattr(data, "CIFAR_MD5", md5(files[data.CIFAR_ARCHIVE]))
+    official_md5s(monkeypatch, files, "mnist", "cifar10")
     s = Server(files)
     yield s
     s.close()
@@ -153,7 +160,8 @@ def test_offline_is_one_sentence_naming_files_root_and_fix(tmp_path, name):
         load_split(name, root, "test", download_missing=True, mirror=mirror)
     msg = one_sentence(e)
     assert str(root) in msg
-    files = ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"] if name == "mnist" else [data.CIFAR_ARCHIVE]
+    files = (["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"] if name == "mnist"
+             else ["cifar-10-python.tar.gz"])
     assert all(mirror + f in msg for f in files)
     assert not root.exists()                                                         # nothing created
 

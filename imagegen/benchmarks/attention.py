@@ -139,11 +139,10 @@ def in_child(call, threads, what):
 
 
 def train_step_peak_child(model_cfg, name, L, batch, precision, device):
-    """Runs in a subprocess: bytes of peak memory a training step adds once the model, AdamW's state
-    and the batch exist (measured on the second step, so the first's lazily made state is not counted)."""
+    """Runs in a subprocess: bytes of peak memory one training step adds to the model and the batch
+    (activations, gradients, AdamW's two moments), the first step of a fresh process."""
     device = torch.device(device)
     step = training_step(model_cfg, name, L, batch, precision, device)
-    step()
     if device.type == "cuda":
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)

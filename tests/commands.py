@@ -14,10 +14,11 @@ TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=3
         "threads=1", "train.progress=false"]
 
 
-def run(cmd, *args, check=True):
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+def run(cmd, *args, check=True, env=None, timeout=300):
+    """env: variables to set on top of this process's."""
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     exe = os.path.join(os.path.dirname(sys.executable), cmd)
-    proc = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout)
     if check and proc.returncode:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

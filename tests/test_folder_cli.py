@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import commands
 from commands import call
 from fixtures import write_class_folder
 from imagegen import folder, source
@@ -21,12 +22,7 @@ TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=3
 
 
 def run(exe, *args, check=True):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(Path(sys.executable).with_name(exe)), *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=600)
-    if check and proc.returncode:
-        raise AssertionError(f"{exe} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    return commands.run(exe, *args, check=check, env={"OMP_NUM_THREADS": "1"}, timeout=600)
 
 
 @pytest.mark.slow

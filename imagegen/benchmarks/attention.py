@@ -99,19 +99,24 @@ def peak_memory_child(impl, N, H, L, E, device, dtype, spec="elu"):
     device = torch.device(device)
     q, k, v = inputs(N, H, L, E, device, dtype)
     f = attention_fn(impl, spec, H, E, device)
+    return peak_bytes(lambda: torch.autograd.grad(f(q, k, v).sum(), (q, k, v)), device)
+
+
+def peak_bytes(fn, device):
+    """Bytes of peak memory that calling fn() adds: CUDA's allocator statistics, or on the CPU this
+    process's VmHWM (ru_maxrss survives exec and would carry the parent's peak; VmHWM is this
+    process's own and can be reset to the current resident size through clear_refs)."""
     if device.type == "cuda":
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        torch.autograd.grad(f(q, k, v).sum(), (q, k, v))
+        fn()
         sync(device)
         return torch.cuda.max_memory_allocated(device) - base
-    # ru_maxrss survives exec (it would carry the parent's peak); VmHWM is this process's own and
-    # can be reset to the current resident size through clear_refs.
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
     base = hwm_bytes()
-    torch.autograd.grad(f(q, k, v).sum(), (q, k, v))
+    fn()
     return hwm_bytes() - base
 
 
@@ -142,19 +147,7 @@ def train_step_peak_child(model_cfg, name, L, batch, precision, device):
     """Runs in a subprocess: bytes of peak memory one training step adds to the model and the batch
     (activations, gradients, AdamW's two moments), the first step of a fresh process."""
     device = torch.device(device)
-    step = training_step(model_cfg, name, L, batch, precision, device)
-    if device.type == "cuda":
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        step()
-        sync(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")
-    base = hwm_bytes()
-    step()
-    return hwm_bytes() - base
+    return peak_bytes(training_step(model_cfg, name, L, batch, precision, device), device)
 
 
 def training_step(model_cfg, name, L, batch, precision, device):

@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .errors import UserError
 from .layers import Dense, dense
 from .likelihood import make_head
-from .ops import EPS, decode_step
+from .ops import EPS, DecodeHead, DecodeLayer, decode_step
 
 START = 256  # token id of the start symbol; bytes are 0..255
 
@@ -131,11 +131,19 @@ class PixelTransformer(nn.Module):
         return state
 
     def kernel_weights(self, layers):
-        """The tensors `ops.decode_step` reads: per block its weights (the state's, of the products'
-        dtype; LayerNorm's in the parameters') and decoding state, and the head."""
-        blocks = [[b.ln1.weight, b.ln1.bias, *s["qkv"], *s["out"], b.ln2.weight, b.ln2.bias, *s["ff"][0], *s["ff"][1],
-                   s["fused"]] for b, s in zip(self.blocks, layers)]
-        return blocks, [self.ln_f.weight, self.ln_f.bias, self.proj.weight, self.proj.bias]
+        """The tensors `ops.decode_step` reads, by name: per block a DecodeLayer (its weights, the
+        state's of the products' dtype, LayerNorm's the parameters; and its decoding state), and the
+        head's DecodeHead."""
+        blocks = []
+        for b, s in zip(self.blocks, layers):
+            (qkv_w, qkv_b), (out_w, out_b), ((ff1_w, ff1_b), (ff2_w, ff2_b)) = s["qkv"], s["out"], s["ff"]
+            blocks.append(DecodeLayer(ln1_weight=b.ln1.weight, ln1_bias=b.ln1.bias, qkv_weight=qkv_w, qkv_bias=qkv_b,
+                                      out_weight=out_w, out_bias=out_b, ln2_weight=b.ln2.weight, ln2_bias=b.ln2.bias,
+                                      ff1_weight=ff1_w, ff1_bias=ff1_b, ff2_weight=ff2_w, ff2_bias=ff2_b,
+                                      state=s["fused"]))
+        head = DecodeHead(ln_f_weight=self.ln_f.weight, ln_f_bias=self.ln_f.bias, proj_weight=self.proj.weight,
+                          proj_bias=self.proj.bias)
+        return blocks, head
 
     def step(self, token, state):
         """token (N,) long: the byte at position t-1 (START for t = 0) -> parameters (N, P) for x_t."""

@@ -305,6 +305,17 @@ def test_fused_kernel_only_some_inputs_need_grad(cpu_kernel):
     torch.testing.assert_close(gk, gk_ref)
 
 
+def test_decode_step_names_its_tensors_as_python_does(cpu_kernel):
+    """The C++ decoding step's order of tensors (csrc/cpu_kernel.h, exported by the module) is the
+    order of the fields of the named tuples that PixelTransformer.kernel_weights builds."""
+    module = kernel_mod.load_kernel("cpu")
+    assert module.decode_layer_weights == kernel_mod.DecodeLayer._fields
+    assert module.decode_head_weights == kernel_mod.DecodeHead._fields
+    with pytest.raises(RuntimeError, match=f"each layer takes {len(kernel_mod.DecodeLayer._fields)} tensors"):
+        layer = [torch.zeros(1)] * (len(kernel_mod.DecodeLayer._fields) - 1)
+        module.decode_step(torch.zeros(1, 4), [layer], [torch.zeros(1)] * 4, 2, 1e-5, 1e-6)
+
+
 # ---- CUDA ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

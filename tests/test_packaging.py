@@ -44,4 +44,4 @@ def test_every_config_and_source_file_is_package_data():
 
 def test_source_tree_run_finds_the_repository_folders():
     assert CONF_DIR == data_dir("conf") == ROOT / "conf" and CSRC == ROOT / "csrc"
-    assert (CONF_DIR / "train.yaml").is_file() and (CSRC / "causal_product.cpp").is_file()
+    assert (CONF_DIR / "train.yaml").is_file() and (CSRC / "numerator.cpp").is_file()

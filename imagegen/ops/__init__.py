@@ -24,8 +24,8 @@ from .. import probe
 from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
                             causal_product_reference)
 from .gated_linear import gated_chunked, gated_reference, gated_step
-from .kernel import (causal_product_kernel, decode_step, fused_state, fused_step, kernel_error, kernel_unsupported,
-                     linear_attention_kernel, load_kernel, warn_fallback)
+from .kernel import (DecodeHead, DecodeLayer, causal_product_kernel, decode_step, fused_state, fused_step,
+                     kernel_error, kernel_unsupported, linear_attention_kernel, load_kernel, warn_fallback)
 from .triton_linear import linear_attention_triton, triton_error, triton_step, triton_unsupported
 
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "triton", "auto")

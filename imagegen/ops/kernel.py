@@ -4,7 +4,8 @@
 V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M), with the
 recurrent forward and the constant-memory backward of Algorithm 1.
 
-The C++ source (CPU: float32, float64, and bfloat16 summed in float32) is built with
+The C++ sources (CPU: float32, float64, and bfloat16 summed in float32; one file per job, listed in
+csrc/cpu_kernel.h) are built with
 torch.utils.cpp_extension.load the first time it is needed, into a folder of torch's extension
 root (TORCH_EXTENSIONS_DIR, else torch's default) named by a hash of the sources, the compile
 flags, torch and Python (`build_key`): checkouts with other sources never build over each other,
@@ -25,6 +26,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -36,8 +38,10 @@ from ..probe import cpu_identity
 from ..precision import dtype_name
 
 CSRC = data_dir("csrc")
-SOURCES = {"cpu": ["causal_product.cpp"], "cuda": ["causal_product_cuda.cu"]}
-HEADERS = ["qkv_checks.h"]  # included by both sources: part of the build key
+# CPU: one file per job (the numerator, the fused attention, the whole-model decoding step) and the module
+SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "bindings.cpp"],
+           "cuda": ["causal_product_cuda.cu"]}
+HEADERS = ["cpu_kernel.h", "vec.h", "qkv_checks.h"]  # included by the sources (qkv_checks.h by both): part of the build key
 BUILD_TIME = {"cpu": "about a minute", "cuda": "several minutes"}
 DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
           "cuda": (torch.float32, torch.float16, torch.bfloat16)}
@@ -322,9 +326,41 @@ def fused_step(q, k, v, state, eps):
     return load_kernel("cpu").attention_forward(q, k, v, eps, state)[0]
 
 
+class DecodeLayer(NamedTuple):
+    """The tensors of one block that `decode_step` reads, in the order it reads them: the C++ names
+    them in one list (csrc/cpu_kernel.h, DECODE_LAYER_WEIGHTS), which the built module exports as
+    `decode_layer_weights`; tests/test_ops.py checks that it equals these fields. The products'
+    weights and biases (qkv, out, ff1, ff2) are those of the decoding state, in the products' dtype
+    (`Dense.cast`: bfloat16 copies for bfloat16 decoding, prepacked for oneDNN at larger batches);
+    the LayerNorms' are the parameters; state is the block's `fused_state`, advanced in place."""
+    ln1_weight: torch.Tensor
+    ln1_bias: torch.Tensor
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor
+    out_weight: torch.Tensor
+    out_bias: torch.Tensor
+    ln2_weight: torch.Tensor
+    ln2_bias: torch.Tensor
+    ff1_weight: torch.Tensor
+    ff1_bias: torch.Tensor
+    ff2_weight: torch.Tensor
+    ff2_bias: torch.Tensor
+    state: torch.Tensor
+
+
+class DecodeHead(NamedTuple):
+    """The head's tensors that `decode_step` reads, in order (csrc/cpu_kernel.h, DECODE_HEAD_WEIGHTS;
+    the module's `decode_head_weights`): the final LayerNorm and the output projection."""
+    ln_f_weight: torch.Tensor
+    ln_f_bias: torch.Tensor
+    proj_weight: torch.Tensor
+    proj_bias: torch.Tensor
+
+
 def decode_step(h, layers, head, n_heads, ln_eps, eps):
     """One decoding position of a whole linear PixelTransformer in one C++ call (see
-    `PixelTransformer.kernel_weights`): h (N, D) embedded tokens -> parameters (N, P)."""
+    `PixelTransformer.kernel_weights`): h (N, D) embedded tokens, layers a DecodeLayer per block,
+    head a DecodeHead -> parameters (N, P)."""
     return load_kernel("cpu").decode_step(h, layers, head, n_heads, ln_eps, eps)
 
 

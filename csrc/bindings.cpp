@@ -1,0 +1,36 @@
+// The Python module of the CPU kernel (the functions of cpu_kernel.h) and the names of the tensors
+// decode_step takes, which imagegen.ops.kernel's DecodeLayer and DecodeHead must list in the same order.
+
+#include <torch/csrc/utils/pybind.h>
+
+#include "cpu_kernel.h"
+
+
+namespace {
+template <size_t n>
+pybind11::tuple names(const char* const (&list)[n]) {
+  pybind11::tuple out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = pybind11::str(list[i]);
+  return out;
+}
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Causal linear attention numerator (CPU): out_i = sum_{j<=i} (q_i . k_j) v_j";
+  m.def("forward", &causal_product_forward, "forward(q, k, v) -> out; q, k (N,H,L,E), v (N,H,L,M)");
+  m.def("backward", &causal_product_backward,
+        "backward(q, k, v, grad_out) -> (grad_q, grad_k, grad_v)");
+  m.def("attention_forward", &attention_forward_cpu, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+        pybind11::arg("eps"), pybind11::arg("state") = pybind11::none(),
+        "attention_forward(q, k, v, eps, state=None) -> (out, inv): normalised elu+1 attention on raw q, k");
+  m.def("attention_state", &attention_state, "attention_state(like, N*H, E, M) -> zero decoding state");
+  m.def("attention_backward", &attention_backward_cpu,
+        "attention_backward(q, k, v, out, inv, grad_out, grad_q, grad_k, grad_v): writes the gradients");
+  m.def("decode_linear", &decode_linear,
+        "decode_linear(x, W, b) -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed in float32)");
+  m.def("decode_step", &decode_step_cpu,
+        "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer; "
+        "layers: per block the tensors named by decode_layer_weights, head: those named by decode_head_weights");
+  m.attr("decode_layer_weights") = names(DecodeLayer::names);
+  m.attr("decode_head_weights") = names(DecodeHead::names);
+}

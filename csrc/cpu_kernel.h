@@ -1,0 +1,77 @@
+// The CPU kernel's entry points, one source per job, bound to Python in bindings.cpp:
+//   numerator.cpp        the causal product (numerator) forward and backward
+//   fused_attention.cpp  the normalised elu+1 attention fused, forward (and decoding) and backward
+//   decode_step.cpp      one decoding position of a whole linear PixelTransformer, with its
+//                        bfloat16 products and residual add + LayerNorm
+// The shared vector helpers are in vec.h; the shape checks shared with the CUDA source in qkv_checks.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "qkv_checks.h"
+
+#include <iterator>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+inline void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "causal_product (CPU kernel): q, k, v must be CPU tensors");
+  check_qkv_shapes(q, k, v);
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kBFloat16,
+              "causal_product (CPU kernel): float32, float64 or bfloat16 only, got ", q.scalar_type());
+}
+
+// ---- numerator.cpp
+at::Tensor causal_product_forward(at::Tensor q, at::Tensor k, at::Tensor v);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(at::Tensor q, at::Tensor k, at::Tensor v,
+                                                                       at::Tensor grad_out);
+
+// ---- fused_attention.cpp
+std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps,
+                                                         std::optional<at::Tensor> state);
+at::Tensor attention_state(const at::Tensor& like, int64_t BH, int64_t E, int64_t M);
+void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor inv,
+                            at::Tensor grad_out, at::Tensor gq, at::Tensor gk, at::Tensor gv);
+
+// ---- decode_step.cpp
+// The tensors decode_step takes, by name, in order: per block (DECODE_LAYER_WEIGHTS) and for the
+// head (DECODE_HEAD_WEIGHTS). Each list makes the enum that decode_step.cpp indexes with
+// (DecodeLayer::qkv_weight, ...) and the names bindings.cpp exports (decode_layer_weights,
+// decode_head_weights), which tests/test_ops.py compares with the fields of imagegen.ops.kernel's
+// DecodeLayer and DecodeHead, the named tuples PixelTransformer.kernel_weights builds.
+// The products' weights and biases (qkv, out, ff1, ff2: DecodeLayer::products) are in the products'
+// dtype, bfloat16 for bfloat16 decoding (prepacked for oneDNN at larger batches: see packed_linear);
+// the LayerNorms' are in the parameters' dtype; state is the block's fused attention state
+// (attention_state), advanced in place.
+#define DECODE_LAYER_WEIGHTS(X)                     \
+  X(ln1_weight) X(ln1_bias)   /* LayerNorm 1 */       \
+  X(qkv_weight) X(qkv_bias)   /* q, k, v projection */ \
+  X(out_weight) X(out_bias)   /* output projection */  \
+  X(ln2_weight) X(ln2_bias)   /* LayerNorm 2 */       \
+  X(ff1_weight) X(ff1_bias)   /* feed-forward in */   \
+  X(ff2_weight) X(ff2_bias)   /* feed-forward out */  \
+  X(state)
+#define DECODE_HEAD_WEIGHTS(X) X(ln_f_weight) X(ln_f_bias) X(proj_weight) X(proj_bias)
+
+#define DECODE_ENUM_ITEM(name) name,
+#define DECODE_NAME_ITEM(name) #name,
+struct DecodeLayer {
+  enum Weight : int { DECODE_LAYER_WEIGHTS(DECODE_ENUM_ITEM) count };
+  static constexpr const char* names[] = {DECODE_LAYER_WEIGHTS(DECODE_NAME_ITEM)};
+  // the products' weights and biases: one dtype, that of the products
+  static constexpr Weight products[] = {qkv_weight, qkv_bias, out_weight, out_bias,
+                                        ff1_weight, ff1_bias, ff2_weight, ff2_bias};
+};
+struct DecodeHead {
+  enum Weight : int { DECODE_HEAD_WEIGHTS(DECODE_ENUM_ITEM) count };
+  static constexpr const char* names[] = {DECODE_HEAD_WEIGHTS(DECODE_NAME_ITEM)};
+};
+#undef DECODE_ENUM_ITEM
+#undef DECODE_NAME_ITEM
+static_assert(std::size(DecodeLayer::names) == DecodeLayer::count && std::size(DecodeHead::names) == DecodeHead::count);
+
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b);
+at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
+                           const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps);

@@ -1,0 +1,228 @@
+// One decoding position of a whole linear PixelTransformer on the CPU in one call (decode_step),
+// the attention of each block through fused_attention.cpp's attention_forward_cpu with its state,
+// and the helpers of bfloat16 decoding: small-batch bfloat16 matrix products (decode_linear) and
+// the residual add fused with the next LayerNorm (add_layer_norm_rows). The tensors it takes are
+// named in cpu_kernel.h (DecodeLayer, DecodeHead).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
+#include <c10/util/BFloat16.h>
+
+#include "cpu_kernel.h"
+#include "vec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+// ---- small-batch bfloat16 products for decoding --------------------------------------------
+// out (N, O) = b + x W for a few rows x (N, K) float32 and W (K, O), b (O) bfloat16: each row of W
+// is widened to float32 in registers (bfloat16 is float32's upper half) and accumulated in float32,
+// out rounded to bfloat16 (nearest even). At batch 1 the product only streams W, and reading
+// bfloat16 halves that; torch's bfloat16 matmul (oneDNN) gains little there on this CPU (without AMX).
+// Columns go kLinCols at a time so that every widened W row serves all N rows from registers.
+constexpr int kLinCols = 64;     // 4 vectors of 16 floats
+constexpr int kLinMaxRows = 4;   // rows handled together; more go through torch's matmul
+
+template <int NR>
+inline __attribute__((always_inline)) void linear_bf16_cols(const float* x, const c10::BFloat16* W,
+                                                            const c10::BFloat16* b, c10::BFloat16* out,
+                                                            int64_t K, int64_t O, int64_t c0) {
+  using V = vec_t<float>;
+  constexpr int NB = kLinCols / 16;
+  V acc[NR][NB];
+  for (int j = 0; j < NB; ++j) {
+    const V bias = widen_bf16(b + c0 + 16 * j);
+    for (int n = 0; n < NR; ++n) acc[n][j] = bias;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const c10::BFloat16* w = W + k * O + c0;
+    V wk[NB];
+    for (int j = 0; j < NB; ++j) wk[j] = widen_bf16(w + 16 * j);
+    for (int n = 0; n < NR; ++n)
+      for (int j = 0; j < NB; ++j) acc[n][j] += x[n * K + k] * wk[j];
+  }
+  for (int n = 0; n < NR; ++n)
+    for (int j = 0; j < NB; ++j) {
+      float lanes[16];
+      __builtin_memcpy(lanes, &acc[n][j], sizeof lanes);
+      for (int i = 0; i < 16; ++i) out[n * O + c0 + 16 * j + i] = c10::BFloat16(lanes[i]);
+    }
+}
+
+CP_MULTIVERSION void linear_bf16_range(const float* x, const c10::BFloat16* W, const c10::BFloat16* b,
+                                       c10::BFloat16* out, int64_t N, int64_t K, int64_t O, int64_t begin,
+                                       int64_t end) {
+  for (int64_t c = begin; c < end; ++c) {
+    const int64_t c0 = c * kLinCols;
+    switch (N) {
+      case 1: linear_bf16_cols<1>(x, W, b, out, K, O, c0); break;
+      case 2: linear_bf16_cols<2>(x, W, b, out, K, O, c0); break;
+      case 3: linear_bf16_cols<3>(x, W, b, out, K, O, c0); break;
+      default: linear_bf16_cols<4>(x, W, b, out, K, O, c0); break;
+    }
+  }
+}
+
+// ---- residual add and LayerNorm of the bfloat16 decoding step -------------------------------
+// Rows [n0, n1) of h (N, D) float32: h += y (bfloat16; none when y is null), then
+// out = LayerNorm(h) * w + b rounded to bfloat16, with the mean and the (biased) variance summed
+// in float32 vectors. One pass per row where torch would run an add, a LayerNorm and a copy.
+CP_MULTIVERSION void add_layer_norm_rows(float* h, const c10::BFloat16* y, const float* w, const float* b,
+                                         c10::BFloat16* out, int64_t n0, int64_t n1, int64_t D, float eps) {
+  using V = vec_t<float>;
+  constexpr int64_t B = kBlock<float>;
+  const int64_t Dv = D / B * B;
+  for (int64_t n = n0; n < n1; ++n) {
+    float* hr = h + n * D;
+    if (y) {
+      const c10::BFloat16* yr = y + n * D;
+      for (int64_t i = 0; i < Dv; i += B) store(hr + i, load(hr + i) + widen_bf16(yr + i));
+      for (int64_t i = Dv; i < D; ++i) hr[i] += static_cast<float>(yr[i]);
+    }
+    V acc{};
+    for (int64_t i = 0; i < Dv; i += B) acc += load(hr + i);
+    float sum = hsum<float>(acc);
+    for (int64_t i = Dv; i < D; ++i) sum += hr[i];
+    const float mean = sum / D;
+    acc = V{};
+    for (int64_t i = 0; i < Dv; i += B) {
+      const V d = load(hr + i) - mean;
+      acc += d * d;
+    }
+    float var = hsum<float>(acc);
+    for (int64_t i = Dv; i < D; ++i) var += (hr[i] - mean) * (hr[i] - mean);
+    const float rstd = 1.0f / std::sqrt(var / D + eps);
+    c10::BFloat16* o = out + n * D;
+    for (int64_t i = 0; i < D; ++i) o[i] = c10::BFloat16((hr[i] - mean) * rstd * w[i] + b[i]);
+  }
+}
+}  // namespace
+
+// b + x W through oneDNN with W prepacked for it (`imagegen.layers.pack`: torch.ops.mkldnn.
+// _reorder_linear_weight of W^T, an opaque (O, K) tensor): torch.ops.mkldnn._linear_pointwise, the
+// op torch.compile uses for frozen CPU linears, which skips repacking W at every call.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                               c10::string_view, c10::List<std::optional<at::Scalar>>,
+                                               std::optional<c10::string_view>)>();
+  return op.call(x.to(W.scalar_type()).contiguous(), W, b, "none", c10::List<std::optional<at::Scalar>>(),
+                 std::nullopt);
+}
+
+// b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
+// dtype, as torch.addmm(b, x.to(W.dtype), W): through oneDNN for a prepacked W (see packed_linear),
+// through linear_bf16_range for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+  if (W.is_mkldnn()) return packed_linear(x, W, b);
+  const int64_t N = x.size(0), K = x.size(1), O = W.size(1);
+  if (W.scalar_type() != at::kBFloat16 || N > kLinMaxRows || O % kLinCols || !W.is_contiguous() ||
+      !b.is_contiguous() || b.scalar_type() != at::kBFloat16 || b.numel() != O || W.size(0) != K)
+    return at::addmm(b, x.to(W.scalar_type()), W);
+  // x as torch.addmm(b, x.to(bfloat16), W) would take it: rounded to bfloat16, here widened again to float32
+  const auto xc = x.contiguous();
+  std::vector<float> xf(N * K);
+  if (xc.scalar_type() == at::kBFloat16) {
+    const auto* xp = xc.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < N * K; ++i) xf[i] = static_cast<float>(xp[i]);
+  } else if (xc.scalar_type() == at::kFloat) {
+    const auto* xp = xc.data_ptr<float>();
+    for (int64_t i = 0; i < N * K; ++i) xf[i] = static_cast<float>(c10::BFloat16(xp[i]));
+  } else {
+    return at::addmm(b, x.to(W.scalar_type()), W);
+  }
+  auto out = at::empty({N, O}, W.options());
+  const float* xp = xf.data();
+  const auto *Wp = W.data_ptr<c10::BFloat16>(), *bp = b.data_ptr<c10::BFloat16>();
+  auto* op = out.data_ptr<c10::BFloat16>();
+  // split columns over threads only where each gets at least ~256 KiB of W to stream
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / (K * kLinCols));
+  at::parallel_for(0, O / kLinCols, grain, [&](int64_t begin, int64_t end) {
+    linear_bf16_range(xp, Wp, bp, op, N, K, O, begin, end);
+  });
+  return out;
+}
+
+// One decoding position of a whole PixelTransformer whose every layer is linear attention on
+// this kernel: the loop of PixelTransformer.step in one call, which saves the Python and module
+// overhead of some ninety small ops per position (most of the batch-1 time). h (N, D): the
+// embedded input token. layers: per block the DecodeLayer tensors (cpu_kernel.h: LayerNorm 1,
+// q, k, v projection, output projection, LayerNorm 2, feed-forward in and out, decoding state),
+// Dense weights stored (in, out) or prepacked for oneDNN (see packed_linear). head: the DecodeHead
+// tensors (LayerNorm, projection). -> distribution parameters (N, P); the states advance in place.
+// The blocks' Dense weights may be bfloat16 while h and the rest are float32 (bfloat16 decoding):
+// then each block output (bfloat16) is added to the float32 h and the next LayerNorm rounded to
+// bfloat16 in one pass (add_layer_norm_rows), the attention reads bfloat16 q, k, v into its float32
+// state, and the products return bfloat16.
+at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
+                           const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps) {
+  using Layer = DecodeLayer;
+  using Head = DecodeHead;
+  TORCH_CHECK(h.dim() == 2 && head.size() == Head::count && n_heads > 0 && h.size(1) % n_heads == 0 &&
+                  !layers.empty(),
+              "decode_step: h must be (N, D) with D divisible by n_heads, layers not empty and head hold ",
+              int(Head::count), " tensors");
+  const int64_t N = h.size(0), D = h.size(1), E = D / n_heads;
+  for (const auto& w : layers)
+    TORCH_CHECK(w.size() == Layer::count, "decode_step: each layer takes ", int(Layer::count), " tensors");
+  const auto dtype = layers.front()[Layer::qkv_weight].scalar_type();  // the products' dtype
+  for (const auto& w : layers)
+    for (const auto j : Layer::products)
+      TORCH_CHECK(w[j].scalar_type() == dtype,
+                  "decode_step: every block's Dense weights and biases must share one dtype");
+  auto attention = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {  // LayerNorm'd x -> (N, D)
+    auto qkv = decode_linear(x, w[Layer::qkv_weight], w[Layer::qkv_bias]).view({N, 3, n_heads, 1, E});
+    return std::get<0>(attention_forward_cpu(qkv.select(1, 0), qkv.select(1, 1), qkv.select(1, 2), eps,
+                                             w[Layer::state]))
+        .reshape({N, D});
+  };
+  if (dtype == at::kBFloat16 && h.scalar_type() == at::kFloat) {
+    h = h.contiguous().clone();                     // the float32 residual stream, updated in place
+    at::Tensor y;                                   // the last block output not yet added to h
+    auto add_norm = [&](const at::Tensor& w, const at::Tensor& b) {  // h += y; -> LayerNorm(h) in bfloat16
+      TORCH_CHECK(w.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && w.is_contiguous() &&
+                      b.is_contiguous() && (!y.defined() || (y.scalar_type() == at::kBFloat16 && y.is_contiguous())),
+                  "decode_step: LayerNorm parameters must be contiguous float32");
+      auto out = at::empty({N, D}, h.options().dtype(at::kBFloat16));
+      const auto* yp = y.defined() ? y.data_ptr<c10::BFloat16>() : nullptr;
+      at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+        add_layer_norm_rows(h.data_ptr<float>(), yp, w.data_ptr<float>(), b.data_ptr<float>(),
+                            out.data_ptr<c10::BFloat16>(), n0, n1, D, static_cast<float>(ln_eps));
+      });
+      return out;
+    };
+    for (const auto& w : layers) {
+      y = decode_linear(attention(add_norm(w[Layer::ln1_weight], w[Layer::ln1_bias]), w), w[Layer::out_weight],
+                        w[Layer::out_bias]);                                                  // attention out W + b
+      auto f = decode_linear(add_norm(w[Layer::ln2_weight], w[Layer::ln2_bias]), w[Layer::ff1_weight],
+                             w[Layer::ff1_bias]);
+      y = decode_linear(at::gelu_(f), w[Layer::ff2_weight], w[Layer::ff2_bias]);              // GELU(ff1) W + b
+    }
+    h.add_(y);
+  } else {
+    TORCH_CHECK(dtype == h.scalar_type(), "decode_step: the products must be bfloat16 or h's dtype");
+    for (const auto& w : layers) {        // h + x W + b as one addmm into h
+      h = at::addmm(h, attention(at::layer_norm(h, {D}, w[Layer::ln1_weight], w[Layer::ln1_bias], ln_eps), w),
+                    w[Layer::out_weight])
+              .add_(w[Layer::out_bias]);
+      auto f = at::addmm(w[Layer::ff1_bias], at::layer_norm(h, {D}, w[Layer::ln2_weight], w[Layer::ln2_bias], ln_eps),
+                         w[Layer::ff1_weight]);
+      h = at::addmm(h, at::gelu_(f), w[Layer::ff2_weight]).add_(w[Layer::ff2_bias]);
+    }
+  }
+  return at::addmm(head[Head::proj_bias], at::layer_norm(h, {D}, head[Head::ln_f_weight], head[Head::ln_f_bias], ln_eps),
+                   head[Head::proj_weight]);
+}

@@ -1,0 +1,327 @@
+// The whole normalised attention of the model on the CPU, fused (attention_forward /
+// attention_backward), with the recurrence of numerator.cpp (vec.h's update_and_read):
+// phi(x) = elu(x) + 1 applied to raw q, k inside the sweeps, the
+// denominator phi(q_t) . z_t (z = sum phi(k_j)) carried beside S rather than as a padded ones
+// column, the division done in place, and inputs and outputs read and written through their
+// strides (the model's q, k, v are views of one projection; out is written (N, L, H, M) so that
+// merging heads is free). Only 1 / (den + eps) per position is kept for the backward pass.
+// It also takes bfloat16 q, k, v (autocast training): rows are widened to float32 as they are
+// read, every sum runs in float32, and out and the gradients are rounded (to nearest even) as
+// they are written, so the model's projections feed it with no casts around it.
+// Decoding one position at a time is attention_forward with L = 1 and a state (attention_state).
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/BFloat16.h>
+
+#include "cpu_kernel.h"
+#include "vec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+// The fused attention's storage types: float, double, and bfloat16 computed in float.
+template <typename S> struct Compute { using type = S; };
+template <> struct Compute<c10::BFloat16> { using type = float; };
+template <typename S> using compute_t = typename Compute<S>::type;
+
+// exp(x) for x <= 0 on one vector of floats (Cephes expf: range reduction to |r| <= ln2/2,
+// degree-7 polynomial, 2^n through the exponent bits); relative error < 2e-7, down to
+// x = -87 (below, the result is clamped near 1.6e-38).
+// On the sweep vector (CP_SWEEP_BYTES): GCC lowered the 64-byte selects to scalar code on AVX2.
+typedef int32_t vec_i32 __attribute__((vector_size(CP_SWEEP_BYTES)));
+inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float> x) {
+  using V = svec_t<float>;
+  x = x < -87.0f ? V{} - 87.0f : x;
+  const vec_i32 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vec_i32);  // round(x / ln2), x <= 0
+  const V nf = __builtin_convertvector(n, V);
+  const V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * (V)((n + 127) << 23);
+}
+
+// y[0, D) = phi(x[0, D)) = elu(x) + 1, y[D, Dp) = 0; y holds padded(D) values; x may be bfloat16.
+template <typename S>
+inline __attribute__((always_inline)) void phi_row(const S* x, float* y, int64_t D) {
+  using V = svec_t<float>;
+  convert_row(x, y, D);
+  for (int64_t i = 0; i < D; i += kSweep<float>) {
+    const V u = sload(y + i);
+    sstore(y + i, u > 0.0f ? u + 1.0f : exp_nonpositive(u > 0.0f ? V{} : u));
+  }
+  std::fill(y + D, y + padded<float>(D), 0.0f);
+}
+inline __attribute__((always_inline)) void phi_row(const double* x, double* y, int64_t D) {
+  for (int64_t i = 0; i < D; ++i) y[i] = x[i] > 0 ? x[i] + 1 : std::exp(x[i]);
+  std::fill(y + D, y + padded<double>(D), 0.0);
+}
+
+// A (L, D) matrix of one (n, h) pair read or written through its row stride.
+template <typename T> struct Rows {
+  T* p;
+  int64_t stride;
+  T* operator[](int64_t t) const { return p + t * stride; }
+};
+
+// Forward of one (n, h) pair: out_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps) with
+// S_t = sum_{j<=t} phi(k_j) v_j^T (E x M) and z_t = sum_{j<=t} phi(k_j); inv_t = 1 / (den_t + eps).
+// Steps go kSteps at a time through the state: S (E, Mp) followed by z (Ep), state_size<T>(E, M)
+// values, read at the start (zeros for a whole sequence) and left at its end (for decoding).
+template <typename T>
+int64_t state_size(int64_t E, int64_t M) { return E * padded<T>(M) + padded<T>(E); }
+
+template <typename S, typename T = compute_t<S>>
+inline __attribute__((always_inline)) void attention_forward_head(
+    Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<S> out, T* inv, int64_t L, int64_t E, int64_t M,
+    T eps, T* state, T* work) {
+  const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+  T *z = state + E * Mp, *qf = work, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
+    *o = v_row + kSteps * Mp;  // work: kSteps rows each of phi(q), phi(k), v, out
+  std::fill(work, o + kSteps * Mp, T(0));
+  const T *qf_s[kSteps], *kf_s[kSteps], *v_s[kSteps];
+  T* o_s[kSteps];
+  for (int64_t t0 = 0; t0 < L; t0 += kSteps) {
+    const int n = static_cast<int>(std::min<int64_t>(kSteps, L - t0));
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = t0 + s;
+      qf_s[s] = qf + s * Ep, kf_s[s] = kf + s * Ep, v_s[s] = v_row + s * Mp, o_s[s] = o + s * Mp;
+      phi_row(q[t], qf + s * Ep, E);
+      phi_row(k[t], kf + s * Ep, E);
+      convert_row(v[t], v_row + s * Mp, M);
+      for (int64_t i = 0; i < Ep; i += kBlock<T>) store(z + i, load(z + i) + load(kf_s[s] + i));
+      inv[t] = T(1) / (dot(qf_s[s], z, Ep) + eps);
+    }
+    update_and_read(state, kf_s, v_s, qf_s, o_s, n, E, Mp);
+    for (int s = 0; s < n; ++s)
+      for (int64_t m = 0; m < M; ++m) out[t0 + s][m] = static_cast<S>(o_s[s][m] * inv[t0 + s]);
+  }
+}
+
+// dst = grad_feature * phi'(x) with phi'(x) = min(phi(x), 1), from the feature phi(x).
+template <typename S, typename T>
+inline __attribute__((always_inline)) void grad_through_phi(const T* __restrict__ grad_feature,
+                                                            const T* __restrict__ feature, S* __restrict__ dst,
+                                                            int64_t E) {
+  // (a select, not std::min: in the target_clones entry points GCC called std::min out of line per value)
+  for (int64_t e = 0; e < E; ++e) dst[e] = static_cast<S>(grad_feature[e] * (feature[e] < T(1) ? feature[e] : T(1)));
+}
+
+// Backward of one (n, h) pair from g = dLoss/dout. With gn_t = g_t inv_t and
+// gd_t = -(g_t . out_t) inv_t (the gradients of the numerator and the denominator):
+//   forward sweep   grad phi(q_t) = sum_{j<=t} phi(k_j) (v_j . gn_t) + z_t gd_t   (state S^T, M x E)
+//   reverse sweep   grad phi(k_j) = sum_{t>=j} phi(q_t) (v_j . gn_t + gd_t)       (state R^T, M x E, and r)
+//                   grad v_j      = sum_{t>=j} (phi(q_t) . phi(k_j)) gn_t         (state R, E x M)
+// and phi'(x) = min(phi(x), 1) turns the feature gradients into grad q, grad k.
+// phi(q), phi(k), v, gn and gd are computed once, in T, into per-thread rows of work (O(L (E + M))).
+template <typename S, typename T = compute_t<S>>
+inline __attribute__((always_inline)) void attention_backward_head(
+    Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<const S> out, const T* inv, Rows<const S> g,
+    Rows<S> gq, Rows<S> gk, Rows<S> gv, int64_t L, int64_t E, int64_t M, T* work) {
+  using V = vec_t<T>;
+  constexpr int64_t B = kBlock<T>;
+  const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+  T *St = work, *Rt = St + M * Ep, *R = Rt + M * Ep, *z = R + E * Mp, *r = z + Ep, *acc = r + Ep,
+    *o = acc + kSteps * Ep;  // acc: kSteps rows of Ep, o: kSteps rows of Mp
+  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *VF = KF + L * Ep, *GN = VF + L * Mp,
+    *gd = GN + L * Mp;  // (L, Ep) twice, (L, Mp) twice, (L)
+  std::fill(work, QF, T(0));
+  for (int64_t t = 0; t < L; ++t) {
+    T* gn = GN + t * Mp;
+    phi_row(q[t], QF + t * Ep, E);
+    phi_row(k[t], KF + t * Ep, E);
+    convert_row(v[t], VF + t * Mp, M);
+    for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
+    std::fill(gn + M, gn + Mp, T(0));
+    convert_row(out[t], o, M);      // o: scratch here, zero-padded above; a vector dot, not a scalar chain
+    gd[t] = -dot(gn, o, Mp);
+  }
+  const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
+  T *acc_s[kSteps], *o_s[kSteps];
+  for (int s = 0; s < kSteps; ++s) acc_s[s] = acc + s * Ep, o_s[s] = o + s * Mp;
+  // gather kSteps steps (ascending or descending from t0) into the pointer arrays
+  auto gather = [&](int64_t t0, int n, int dir) {
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = t0 + dir * s;
+      qf_s[s] = QF + t * Ep, kf_s[s] = KF + t * Ep, gn_s[s] = GN + t * Mp, v_s[s] = VF + t * Mp;
+    }
+  };
+  for (int64_t t0 = 0; t0 < L; t0 += kSteps) {
+    const int n = static_cast<int>(std::min<int64_t>(kSteps, L - t0));
+    gather(t0, n, 1);
+    update_and_read(St, v_s, kf_s, gn_s, acc_s, n, M, Ep);
+    for (int s = 0; s < n; ++s) {
+      for (int64_t i = 0; i < Ep; i += B) {
+        store(z + i, load(z + i) + load(kf_s[s] + i));
+        store(acc_s[s] + i, load(acc_s[s] + i) + gd[t0 + s] * load(z + i));
+      }
+      grad_through_phi(acc_s[s], qf_s[s], gq[t0 + s], E);
+    }
+  }
+  for (int64_t t0 = L - 1; t0 >= 0; t0 -= kSteps) {
+    const int n = static_cast<int>(std::min<int64_t>(kSteps, t0 + 1));
+    gather(t0, n, -1);
+    update_and_read(R, qf_s, gn_s, kf_s, o_s, n, E, Mp);
+    update_and_read(Rt, gn_s, qf_s, v_s, acc_s, n, M, Ep);
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = t0 - s;
+      convert_row(o_s[s], gv[t], M);
+      for (int64_t i = 0; i < Ep; i += B) {
+        const V r_new = load(r + i) + gd[t] * load(qf_s[s] + i);
+        store(r + i, r_new);
+        store(acc_s[s] + i, load(acc_s[s] + i) + r_new);
+      }
+      grad_through_phi(acc_s[s], kf_s[s], gk[t], E);
+    }
+  }
+}
+
+template <typename T>
+int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
+  const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + L * (2 * Ep + 2 * Mp + 1);  // >= forward's
+}
+
+// Entry points per storage type (f32, f64, bf16), cloned as above.
+#define ATTENTION_ENTRY_POINTS(S, suffix)                                                                    \
+  CP_MULTIVERSION void attention_forward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,        \
+                                                  Rows<S> out, compute_t<S>* inv, int64_t L, int64_t E,     \
+                                                  int64_t M, compute_t<S> eps, compute_t<S>* state,         \
+                                                  compute_t<S>* work) {                                     \
+    attention_forward_head<S>(q, k, v, out, inv, L, E, M, eps, state, work);                              \
+  }                                                                                                         \
+  CP_MULTIVERSION void attention_backward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,       \
+                                                   Rows<const S> out, const compute_t<S>* inv,              \
+                                                   Rows<const S> g, Rows<S> gq, Rows<S> gk, Rows<S> gv,     \
+                                                   int64_t L, int64_t E, int64_t M, compute_t<S>* work) {   \
+    attention_backward_head<S>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                          \
+  }
+ATTENTION_ENTRY_POINTS(float, f32)
+ATTENTION_ENTRY_POINTS(double, f64)
+ATTENTION_ENTRY_POINTS(c10::BFloat16, bf16)
+#undef ATTENTION_ENTRY_POINTS
+
+template <typename S, typename... Args> void attention_forward(Args... args) {
+  if constexpr (std::is_same_v<S, float>) attention_forward_f32(args...);
+  else if constexpr (std::is_same_v<S, double>) attention_forward_f64(args...);
+  else attention_forward_bf16(args...);
+}
+template <typename S, typename... Args> void attention_backward(Args... args) {
+  if constexpr (std::is_same_v<S, float>) attention_backward_f32(args...);
+  else if constexpr (std::is_same_v<S, double>) attention_backward_f64(args...);
+  else attention_backward_bf16(args...);
+}
+
+// The (L, D) rows of each pair i = n * H + h of a 4-d (N, H, L, D) tensor with unit last stride,
+// its pointer and strides read once (tensor calls per pair cost ~5% of a decoding step's attention).
+template <typename T> struct Heads {
+  T* p;
+  int64_t H, s0, s1, s2;
+  explicit Heads(const at::Tensor& x)
+      : p(static_cast<T*>(x.data_ptr())), H(x.size(1)), s0(x.stride(0)), s1(x.stride(1)), s2(x.stride(2)) {}
+  Rows<T> operator[](int64_t i) const { return {p + (i / H) * s0 + (i % H) * s1, s2}; }
+};
+
+// A new (N, H, L, D) tensor laid out as (N, L, H, D): what merging heads reads without a copy.
+at::Tensor empty_heads_last(const at::Tensor& like, int64_t D) {
+  return at::empty({like.size(0), like.size(2), like.size(1), D}, like.options()).transpose(1, 2);
+}
+
+void check_unit_stride(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "linear attention (CPU kernel): ", name,
+              " must be 4-d with a contiguous last dimension");
+}
+}  // namespace
+
+// The dtype the fused attention computes in for storage dtype `dtype`: float32 for bfloat16.
+at::ScalarType compute_type(at::ScalarType dtype) { return dtype == at::kBFloat16 ? at::kFloat : dtype; }
+
+#define DISPATCH_ATTENTION_TYPES(dtype, name, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, name, __VA_ARGS__)
+
+// Fused attention: raw q, k (N, H, L, E), v (N, H, L, M), float32, float64 or bfloat16, any
+// strides with a contiguous last dim -> (out (N, H, L, M) of their dtype laid out (N, L, H, M),
+// inv (N, H, L) = 1 / (den + eps) in the compute dtype).
+// With a state (from attention_state) the sequence continues from it and leaves it at its end:
+// decoding one position at a time is this call with L = 1.
+std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps,
+                                                         std::optional<at::Tensor> state) {
+  check_inputs(q, k, v);
+  check_unit_stride(q, "q"); check_unit_stride(k, "k"); check_unit_stride(v, "v");
+  const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
+  auto out = empty_heads_last(v, M);
+  auto inv = at::empty({q.size(0), q.size(1), L}, q.options().dtype(compute_type(q.scalar_type())));
+  DISPATCH_ATTENTION_TYPES(q.scalar_type(), "attention_forward", [&] {
+    using T = compute_t<scalar_t>;
+    const int64_t state_n = state_size<T>(E, M);
+    TORCH_CHECK(!state || (state->is_contiguous() && state->scalar_type() == inv.scalar_type() &&
+                           state->numel() == BH * state_n),
+                "linear attention: the state does not fit these q, k, v; make it with attention_state");
+    const Heads<const scalar_t> hq(q), hk(k), hv(v);
+    const Heads<scalar_t> ho(out);
+    T *states = state ? state->data_ptr<T>() : nullptr, *invs = inv.data_ptr<T>();
+    at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> work(attention_scratch<T>(0, E, M));  // no per-position rows
+      for (int64_t i = begin; i < end; ++i) {
+        T* S = states ? states + i * state_n : work.data();
+        if (!states) std::fill(S, S + state_n, T(0));
+        attention_forward<scalar_t>(hq[i], hk[i], hv[i], ho[i], invs + i * L, L, E, M, static_cast<T>(eps), S,
+                                    work.data() + state_n);
+      }
+    });
+  });
+  return {out, inv};
+}
+
+// A zero state for attention_forward on q, k, v like `like`: (N * H, state_size) in the compute dtype.
+at::Tensor attention_state(const at::Tensor& like, int64_t BH, int64_t E, int64_t M) {
+  int64_t n = 0;
+  DISPATCH_ATTENTION_TYPES(like.scalar_type(), "attention_state", [&] { n = state_size<compute_t<scalar_t>>(E, M); });
+  return at::zeros({BH, n}, like.options().dtype(compute_type(like.scalar_type())));
+}
+
+// Writes grad_q, grad_k, grad_v (shaped and typed like q, k, v, any strides with a contiguous last
+// dim: views of one buffer, say, so that their caller need not concatenate them).
+void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor inv,
+                            at::Tensor grad_out, at::Tensor gq, at::Tensor gk, at::Tensor gv) {
+  check_inputs(q, k, v);
+  for (const auto& [x, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {grad_out, "grad_out"},
+                                {gq, "grad_q"}, {gk, "grad_k"}, {gv, "grad_v"}})
+    check_unit_stride(x, name);
+  TORCH_CHECK(out.sizes() == v.sizes() && grad_out.sizes() == v.sizes() && gq.sizes() == q.sizes() &&
+                  gk.sizes() == k.sizes() && gv.sizes() == v.sizes(),
+              "linear attention backward: out, grad_out, grad_v must be shaped like v, grad_q, grad_k like q");
+  for (const auto& x : {out, grad_out, gq, gk, gv})
+    TORCH_CHECK(x.scalar_type() == v.scalar_type(), "linear attention backward: dtypes differ from v's");
+  TORCH_CHECK(inv.is_contiguous() && inv.scalar_type() == compute_type(v.scalar_type()),
+              "linear attention backward: inv must be attention_forward's");
+  const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
+  DISPATCH_ATTENTION_TYPES(q.scalar_type(), "attention_backward", [&] {
+    using T = compute_t<scalar_t>;
+    const Heads<const scalar_t> hq(q), hk(k), hv(v), ho(out), hg(grad_out);
+    const Heads<scalar_t> hgq(gq), hgk(gk), hgv(gv);
+    const T* invs = inv.data_ptr<T>();
+    at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> work(attention_scratch<T>(L, E, M));
+      for (int64_t i = begin; i < end; ++i)
+        attention_backward<scalar_t>(hq[i], hk[i], hv[i], ho[i], invs + i * L, hg[i], hgq[i], hgk[i], hgv[i], L, E,
+                                     M, work.data());
+    });
+  });
+}

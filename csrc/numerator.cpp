@@ -1,0 +1,127 @@
+// Causal product (the numerator) on the CPU, forward and backward, as in Algorithm 1 of
+// "Transformers are RNNs" (Katharopoulos et al. 2020).
+//
+// Shapes: q, k (N, H, L, E) feature-mapped; v (N, H, L, M); out (N, H, L, M).
+// Everything is one recurrent primitive, the causal dot of one (n, h) pair,
+//     out_t = sum_{j<=t} (a_t . b_j) c_j   (reverse: j >= t),   a, b (L, D); c, out (L, C),
+// which carries the D x C state S = sum_j b_j c_j^T through time and reads out_t = S^T a_t:
+//   forward   out    = causal_dot(q, k, v)           S  = sum_{j<=t} k_j v_j^T   (E x M)
+//   backward  grad_q = causal_dot(g, v, k)           S  = sum_{j<=t} v_j k_j^T   forward sweep
+//             grad_v = causal_dot(k, q, g, reverse)  S' = sum_{j>=t} q_j g_j^T   reverse sweep
+//             grad_k = causal_dot(v, g, q, reverse)  S'^T                        reverse sweep
+// (grad_q_t = S_t g_t, grad_k_t = S'_t v_t, grad_v_t = S'_t^T k_t; keeping S'^T for grad_k
+// turns its read-out into row accumulations like the others, with no horizontal sums.)
+// Parallel over N * H; memory O(L (E + M)) plus one state per thread, never L x E x M.
+// The state's columns are zero-padded to a multiple of one 64-byte SIMD vector (16 floats or 8
+// doubles) and processed in blocks of one (AVX-512) or half of one (AVX2 and older: see
+// CP_SWEEP_BYTES in vec.h, whose update_and_read is the sweep), the output block accumulating
+// in a register over D.
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+
+#include "cpu_kernel.h"
+#include "vec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+// Scratch for causal_dot_head: the state (D, padded C), one padded row of c, one of out.
+template <typename T>
+int64_t scratch_size(int64_t D, int64_t C) { return (D + 2) * padded<T>(C); }
+
+// out_t = sum_{j<=t} (a_t . b_j) c_j (reverse: j >= t) for one (n, h) pair.
+// a, b (L, D); c, out (L, C); work: scratch_size<T>(D, C) values.
+template <typename T>
+inline __attribute__((always_inline)) void causal_dot_head(
+    const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c, T* __restrict__ out,
+    T* __restrict__ work, int64_t L, int64_t D, int64_t C, bool reverse) {
+  const int64_t Cp = padded<T>(C);
+  T* S = work;               // (D, Cp) state; the padding columns stay zero
+  T* c_row = S + D * Cp;     // (Cp) c_t, zero-padded
+  T* o_row = c_row + Cp;     // (Cp) out_t before trimming to C
+  const T* c_row_c = c_row;
+  std::fill(work, work + (D + 1) * Cp, T(0));
+  for (int64_t s = 0; s < L; ++s) {
+    const int64_t t = reverse ? L - 1 - s : s;
+    const T *a_t = a + t * D, *b_t = b + t * D;
+    copy_row(c + t * C, c_row, C);
+    update_and_read_steps<T, 1>(S, &b_t, &c_row_c, &a_t, &o_row, D, Cp);
+    copy_row(o_row, out + t * C, C);
+  }
+}
+
+CP_MULTIVERSION void causal_dot_f32(const float* a, const float* b, const float* c, float* out, float* work,
+                                    int64_t L, int64_t D, int64_t C, bool reverse) {
+  causal_dot_head<float>(a, b, c, out, work, L, D, C, reverse);
+}
+CP_MULTIVERSION void causal_dot_f64(const double* a, const double* b, const double* c, double* out, double* work,
+                                    int64_t L, int64_t D, int64_t C, bool reverse) {
+  causal_dot_head<double>(a, b, c, out, work, L, D, C, reverse);
+}
+
+template <typename T>
+void causal_dot(const T* a, const T* b, const T* c, T* out, T* work, int64_t L, int64_t D, int64_t C, bool reverse) {
+  if constexpr (std::is_same_v<T, float>) causal_dot_f32(a, b, c, out, work, L, D, C, reverse);
+  else causal_dot_f64(a, b, c, out, work, L, D, C, reverse);
+}
+}  // namespace
+
+// q, k (N, H, L, E), v (N, H, L, M) -> out (N, H, L, M). bfloat16 (no sweep of its own here,
+// unlike the fused attention): computed in float32 and rounded back.
+at::Tensor causal_product_forward(at::Tensor q, at::Tensor k, at::Tensor v) {
+  check_inputs(q, k, v);
+  if (q.scalar_type() == at::kBFloat16)
+    return causal_product_forward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat)).to(at::kBFloat16);
+  q = q.contiguous(); k = k.contiguous(); v = v.contiguous();
+  const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
+  auto out = at::empty_like(v);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_product_forward", [&] {
+    const scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> work(scratch_size<scalar_t>(E, M));
+      for (int64_t i = begin; i < end; ++i)
+        causal_dot(qp + i * L * E, kp + i * L * E, vp + i * L * M, op + i * L * M, work.data(), L, E, M, false);
+    });
+  });
+  return out;
+}
+
+// q, k (N, H, L, E), v, grad_out (N, H, L, M) -> (grad_q, grad_k, grad_v)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
+    at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor grad_out) {
+  check_inputs(q, k, v);
+  TORCH_CHECK(grad_out.sizes() == v.sizes() && grad_out.scalar_type() == v.scalar_type(),
+              "causal_product backward: grad_out must match v in shape and dtype");
+  if (q.scalar_type() == at::kBFloat16) {
+    auto [gq, gk, gv] = causal_product_backward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                                                grad_out.to(at::kFloat));
+    return {gq.to(at::kBFloat16), gk.to(at::kBFloat16), gv.to(at::kBFloat16)};
+  }
+  q = q.contiguous(); k = k.contiguous(); v = v.contiguous();
+  auto g = grad_out.contiguous();
+  const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
+  auto gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_product_backward", [&] {
+    const scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>(),
+                   *gp = g.data_ptr<scalar_t>();
+    scalar_t *gqp = gq.data_ptr<scalar_t>(), *gkp = gk.data_ptr<scalar_t>(), *gvp = gv.data_ptr<scalar_t>();
+    at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> work(std::max(scratch_size<scalar_t>(E, M), scratch_size<scalar_t>(M, E)));
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t *q_i = qp + i * L * E, *k_i = kp + i * L * E, *v_i = vp + i * L * M, *g_i = gp + i * L * M;
+        causal_dot(g_i, v_i, k_i, gqp + i * L * E, work.data(), L, M, E, false);  // grad_q (L, E)
+        causal_dot(v_i, g_i, q_i, gkp + i * L * E, work.data(), L, M, E, true);   // grad_k (L, E)
+        causal_dot(k_i, q_i, g_i, gvp + i * L * M, work.data(), L, E, M, true);   // grad_v (L, M)
+      }
+    });
+  });
+  return {gq, gk, gv};
+}

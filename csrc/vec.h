@@ -1,0 +1,183 @@
+// The vector helpers of the CPU kernel, shared by numerator.cpp, fused_attention.cpp and
+// decode_step.cpp: one 64-byte SIMD vector and its loads and stores, the state sweep
+// (update_and_read: the recurrence every causal product runs, on AVX-512 or AVX2 vectors, see
+// CP_SWEEP_BYTES), row copies and conversions, lane sums, and the bfloat16 widening load.
+// Everything here is inlined into its callers (internal linkage, as when it was one file); the
+// entry points each source clones per vector unit are marked CP_MULTIVERSION.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+// The vector helpers below are always inlined, so GCC's note that passing 64-byte vectors
+// by value changes the ABI without AVX-512 does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace {
+
+// One 64-byte SIMD vector of T (GCC/Clang vector extension: one zmm register with AVX-512,
+// two ymm with AVX2, four xmm on baseline x86-64), loaded and stored unaligned.
+template <typename T> struct Simd;
+template <> struct Simd<float> { typedef float type __attribute__((vector_size(64))); };
+template <> struct Simd<double> { typedef double type __attribute__((vector_size(64))); };
+template <typename T> using vec_t = typename Simd<T>::type;
+template <typename T> constexpr int64_t kBlock = sizeof(vec_t<T>) / sizeof(T);  // 16 floats, 8 doubles
+
+template <typename T>
+inline __attribute__((always_inline)) vec_t<T> load(const T* p) { vec_t<T> x; __builtin_memcpy(&x, p, sizeof x); return x; }
+template <typename T>
+inline __attribute__((always_inline)) void store(T* p, vec_t<T> x) { __builtin_memcpy(p, &x, sizeof x); }
+
+template <typename T>
+constexpr int64_t padded(int64_t n) { return (n + kBlock<T> - 1) / kBlock<T> * kBlock<T>; }
+
+// The vector of the state sweeps below: one whole 64-byte vector where AVX-512 has 32 registers of
+// it; a 32-byte one otherwise, with one block of columns at a time. AVX2's 16 ymm registers cannot
+// hold kSteps x 2 blocks of 64-byte accumulators and inputs (32 ymm): GCC spilled them to the stack
+// at every step, and the sweeps ran several times slower than the chunked PyTorch form (issue 22).
+// Padding stays a multiple of kBlock (64 bytes), which is a multiple of either.
+#if defined(__AVX512F__)
+#define CP_SWEEP_BYTES 64
+constexpr int kSweepBlocks = 2;
+#else
+#define CP_SWEEP_BYTES 32
+constexpr int kSweepBlocks = 1;
+#endif
+template <typename T> struct SweepSimd { typedef T type __attribute__((vector_size(CP_SWEEP_BYTES))); };
+template <typename T> using svec_t = typename SweepSimd<T>::type;
+template <typename T> constexpr int64_t kSweep = sizeof(svec_t<T>) / sizeof(T);
+template <typename T>
+inline __attribute__((always_inline)) svec_t<T> sload(const T* p) { svec_t<T> x; __builtin_memcpy(&x, p, sizeof x); return x; }
+template <typename T>
+inline __attribute__((always_inline)) void sstore(T* p, svec_t<T> x) { __builtin_memcpy(p, &x, sizeof x); }
+
+// The state update and read-out of n consecutive steps s (in the order given):
+//   rows[r] += a[s][r] * b[s]   for r < R      (rows: R x Cp; b[s], out[s]: Cp, zero-padded)
+//   out[s]   = sum_r w[s][r] * rows[r]         (rows after step s's update)
+// Each row is loaded and stored once per NT steps and kept in registers in between (the
+// state's loads and stores, not the arithmetic, bound a one-step loop); columns go NB vector
+// blocks at a time so that each broadcast of a[s][r], w[s][r] serves NB blocks.
+template <typename T, int NB, int NT>
+inline __attribute__((always_inline)) void update_and_read_blocks(T* __restrict__ rows, const T* const* a,
+                                                                  const T* const* b, const T* const* w,
+                                                                  T* const* out, int64_t R, int64_t Cp) {
+  using V = svec_t<T>;
+  constexpr int64_t B = kSweep<T>;
+  V b_blk[NT][NB], acc[NT][NB];
+  const T* a_s[NT];
+  const T* w_s[NT];
+  for (int s = 0; s < NT; ++s) {
+    a_s[s] = a[s];
+    w_s[s] = w[s];
+    for (int j = 0; j < NB; ++j) {
+      b_blk[s][j] = sload(b[s] + j * B);
+      acc[s][j] = V{};
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    for (int j = 0; j < NB; ++j) {
+      T* row = rows + r * Cp + j * B;
+      V x = sload(row);
+      for (int s = 0; s < NT; ++s) {
+        x += a_s[s][r] * b_blk[s][j];
+        acc[s][j] += w_s[s][r] * x;
+      }
+      sstore(row, x);
+    }
+  }
+  for (int s = 0; s < NT; ++s)
+    for (int j = 0; j < NB; ++j) sstore(out[s] + j * B, acc[s][j]);
+}
+
+template <typename T, int NT>
+inline __attribute__((always_inline)) void update_and_read_steps(T* rows, const T* const* a, const T* const* b,
+                                                                 const T* const* w, T* const* out, int64_t R,
+                                                                 int64_t Cp) {
+  constexpr int64_t B = kSweep<T>;
+  const T *b_c[NT];
+  T* out_c[NT];
+  for (int64_t c0 = 0; c0 < Cp;) {
+    for (int s = 0; s < NT; ++s) {
+      b_c[s] = b[s] + c0;
+      out_c[s] = out[s] + c0;
+    }
+    if (kSweepBlocks >= 2 && c0 + 2 * B <= Cp) {
+      update_and_read_blocks<T, kSweepBlocks >= 2 ? 2 : 1, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
+      c0 += (kSweepBlocks >= 2 ? 2 : 1) * B;
+    } else {
+      update_and_read_blocks<T, 1, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
+      c0 += B;
+    }
+  }
+}
+
+constexpr int kSteps = 4;  // steps per state pass
+
+// update_and_read_steps for any n <= kSteps steps.
+template <typename T>
+inline __attribute__((always_inline)) void update_and_read(T* rows, const T* const* a, const T* const* b,
+                                                           const T* const* w, T* const* out, int n, int64_t R,
+                                                           int64_t Cp) {
+  if (n == kSteps) return update_and_read_steps<T, kSteps>(rows, a, b, w, out, R, Cp);
+  for (int s = 0; s < n; ++s) update_and_read_steps<T, 1>(rows, a + s, b + s, w + s, out + s, R, Cp);
+}
+
+// Copy n values: whole vectors, then a scalar tail (GCC would turn a plain copy loop into a
+// memmove call, which costs more than the copy for these short rows).
+template <typename T>
+inline __attribute__((always_inline)) void copy_row(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock<T> <= n; i += kBlock<T>) store(dst + i, load(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+// Copy n values converting between storage S and compute T (bfloat16 -> float is exact;
+// float -> bfloat16 rounds to nearest even, as torch does).
+template <typename To, typename From>
+inline __attribute__((always_inline)) void convert_row(const From* __restrict__ src, To* __restrict__ dst,
+                                                       int64_t n) {
+  if constexpr (std::is_same_v<To, From>) copy_row(src, dst, n);
+  else for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
+}
+
+// Sum of the lanes of x as a tree (a chain of lane additions would cost ~4 cycles per lane).
+template <typename T>
+inline __attribute__((always_inline)) T hsum(vec_t<T> x) {
+  T lanes[kBlock<T>];
+  __builtin_memcpy(lanes, &x, sizeof x);
+  for (int64_t w = kBlock<T> / 2; w >= 1; w /= 2)
+    for (int64_t i = 0; i < w; ++i) lanes[i] += lanes[i + w];
+  return lanes[0];
+}
+
+template <typename T>
+inline __attribute__((always_inline)) T dot(const T* a, const T* b, int64_t Dp) {  // Dp: a multiple of kBlock
+  vec_t<T> acc = {};
+  for (int64_t i = 0; i < Dp; i += kBlock<T>) acc += load(a + i) * load(b + i);
+  return hsum<T>(acc);
+}
+
+// 16 bfloat16 values widened to one vector of float32 (bfloat16 is float32's upper half).
+typedef uint16_t u16x16_t __attribute__((vector_size(32)));
+typedef uint32_t u32x16_t __attribute__((vector_size(64)));
+inline __attribute__((always_inline)) vec_t<float> widen_bf16(const c10::BFloat16* p) {
+  u16x16_t h;
+  __builtin_memcpy(&h, p, sizeof h);
+  const u32x16_t w = __builtin_convertvector(h, u32x16_t) << 16;
+  vec_t<float> f;
+  __builtin_memcpy(&f, &w, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+// The entry points of each source (per dtype), cloned for AVX-512 / AVX2 / baseline x86-64:
+// the build uses flags valid on any x86-64; the clones pick the widest vector unit at
+// load time (GCC function multiversioning), so a cached build stays portable.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define CP_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CP_MULTIVERSION
+#endif

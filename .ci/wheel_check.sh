@@ -25,7 +25,7 @@ cd "$work"
 "$py" - "$work/venv" <<'PY'
 import sys
 import imagegen
-from imagegen.cli import CONF_DIR
+from imagegen.commands.cli import CONF_DIR
 from imagegen.ops.kernel import CSRC
 for name, path in (("package", imagegen.__file__), ("conf", CONF_DIR), ("csrc", CSRC)):
     assert str(path).startswith(sys.argv[1]), f"{name} comes from {path}, not from the installed wheel"

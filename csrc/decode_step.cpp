@@ -110,7 +110,7 @@ CP_MULTIVERSION void add_layer_norm_rows(float* h, const c10::BFloat16* y, const
 }
 }  // namespace
 
-// b + x W through oneDNN with W prepacked for it (`imagegen.layers.pack`: torch.ops.mkldnn.
+// b + x W through oneDNN with W prepacked for it (`imagegen.model.layers.pack`: torch.ops.mkldnn.
 // _reorder_linear_weight of W^T, an opaque (O, K) tensor): torch.ops.mkldnn._linear_pointwise, the
 // op torch.compile uses for frozen CPU linears, which skips repacking W at every call.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {

@@ -12,12 +12,12 @@ Images are numpy uint8 arrays (N, H, W, C); labels are class numbers (model.clas
 import numpy as np
 import torch
 
-from . import checkpoint, shipped
-from .data import dataset_info
+from .store import checkpoint, shipped
+from .data.sets import dataset_info
 from .errors import UserError
 from .precision import model_dims, resolve_precision
-from .sampling import generate, grid, resolve_sampler, to_images
-from .scoring import bits_per_dim
+from .sampling.decode import generate, grid, resolve_sampler, to_images
+from .bits_per_dim import bits_per_dim
 
 
 def load(name_or_path=shipped.DEFAULT, device="cpu"):

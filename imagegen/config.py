@@ -48,7 +48,7 @@ class DataConfig:
                                       "$IMAGEGEN_DATA_MIRROR, else the official URLs)")
     val_fraction: float = opt(0.05, "seeded share of the training files held out for validation (0 to 1)")
     split_seed: int = opt(0, "seed of the train/validation split")
-    # data=folder (imagegen/source.py, docs/data.md)
+    # data=folder (imagegen/data/source.py, docs/data.md)
     image_size: Optional[int] = opt(None, "folder: side S of the square images the folder's images become (or give "
                                           "height and width)")
     height: Optional[int] = opt(None, "folder: image height in pixels (with width; instead of image_size)")

@@ -116,7 +116,7 @@ def decode_products(batch, d_model, d_ff):
     D -> F, F -> D) as the sampler runs them: float32 addmm, against bfloat16 weights prepacked for
     the batch (`layers.pack`) or, below PACK_MIN_ROWS rows, the C++ step's own loop where it is built."""
     def measure():
-        from .layers import PACK_MIN_ROWS, dense, pack
+        from .model.layers import PACK_MIN_ROWS, dense, pack
         from .ops.kernel import kernel_error, load_kernel
         g = torch.Generator().manual_seed(0)
         shapes = [(d_model, 3 * d_model), (d_model, d_model), (d_model, d_ff), (d_ff, d_model)]

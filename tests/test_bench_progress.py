@@ -50,7 +50,7 @@ def test_quick_settings():
 
 def test_sampling_rows_are_written_as_they_come_and_a_stopped_run_keeps_them(tmp_path, monkeypatch, capsys):
     from imagegen.benchmarks import sampling
-    from imagegen.data import dataset_info
+    from imagegen.data.sets import dataset_info
     cfg = {"seed": 0, "n_positions": 2, "probe_positions": [], "sampling_precisions": ["float32"], "reps": 1,
            "methods": ["linear-recurrent"], "step_batches": [1, 2, 3], "recompute_batches": [1],
            "max_cache_gb": 1.0, "lsh_options": {}, "arch_name": "tiny", "quick": True}

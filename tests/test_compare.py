@@ -7,12 +7,12 @@ import pytest
 import torch
 from fixtures import write_mnist
 
-from imagegen import checkpoint
+from imagegen.store import checkpoint
 from imagegen.benchmarks import compare
-from imagegen.data import dataset_info
+from imagegen.data.sets import dataset_info
 from imagegen.errors import UserError
-from imagegen.evaluate import evaluate
-from imagegen.model import build_model
+from imagegen.commands.evaluate import evaluate
+from imagegen.model.transformer import build_model
 
 MODEL = {"attention": "linear", "attention_options": {"impl": "auto"}, "n_layers": 1, "d_model": 16, "n_heads": 2,
          "d_ff": 32, "head": "categorical", "n_mixtures": 2, "dropout": 0.0}

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from imagegen.errors import UserError
-from imagegen.likelihood import Categorical, LogisticMixture, guided_probs
-from imagegen.model import START, PixelTransformer
-from imagegen.sampling import generate
+from imagegen.model.heads import Categorical, LogisticMixture, guided_probs
+from imagegen.model.transformer import START, PixelTransformer
+from imagegen.sampling.decode import generate
 
 
 def tiny(attention="linear", classes=3, length=48, channels=3, **kw):
@@ -110,9 +110,10 @@ def test_conditional_training_keeps_an_average_of_the_weights_and_samples_by_tim
 
     from omegaconf import OmegaConf
 
-    from imagegen import checkpoint, config
-    from imagegen.cli import compose
-    from imagegen.trainer import train
+    from imagegen.store import checkpoint
+    from imagegen import config
+    from imagegen.commands.cli import compose
+    from imagegen.training.trainer import train
 
     config.register()
     run_dir = tmp_path / "run"
@@ -138,8 +139,8 @@ def test_num_classes_must_match_the_data(tmp_path, mnist_root):
     from omegaconf import OmegaConf
 
     from imagegen import config
-    from imagegen.cli import compose
-    from imagegen.trainer import train
+    from imagegen.commands.cli import compose
+    from imagegen.training.trainer import train
 
     config.register()
     overrides = [f"data.root={mnist_root}", f"run_dir={tmp_path}", "model.num_classes=7"]

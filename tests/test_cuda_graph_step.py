@@ -1,11 +1,12 @@
-"""The sampler's step function (imagegen/cuda_graph_step.py): the CUDA-graph form's logic (static
+"""The sampler's step function (imagegen/sampling/cuda_graph_step.py): the CUDA-graph form's logic (static
 buffers, the position as a tensor, in-place state, reset) run eagerly on the CPU against the
 per-module loop `PixelTransformer.step`; when it is used; and, with a GPU, compiled against eager."""
 import pytest
 import torch
 
-from imagegen.cuda_graph_step import GraphedStep, make_step, use_graphs
-from imagegen.model import PixelTransformer
+from imagegen.sampling.cuda_graph_step import GraphedStep, make_step, use_graphs
+from imagegen.attention.linear import LinearState
+from imagegen.model.transformer import PixelTransformer
 
 
 def linear_model(impl="chunked", attention="linear", device="cpu"):
@@ -45,7 +46,8 @@ def test_used_on_cuda_for_linear_models_only(monkeypatch):
 
 def test_refuses_the_fused_cpu_state(monkeypatch):
     model = linear_model()
-    monkeypatch.setattr(model.blocks[0].attn, "init_state", lambda *a: {"fused": torch.zeros(1)})
+    fused = LinearState(qkv=None, out=None, S=torch.zeros(1), form="fused")
+    monkeypatch.setattr(model.blocks[0].attn, "init_state", lambda *a: fused)
     with pytest.raises(ValueError, match="PyTorch form"):
         GraphedStep(model, 2, "cpu", torch.float32, compile=False)
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-import imagegen.data as data_module
+import imagegen.data.sets as data_module
 from fixtures import (hostile_cifar_pickle, idx_bytes, one_sentence, py2_cifar_pickle, shared_data, write_cifar,
                       write_mnist)
-from imagegen.data import load_split, read_cifar_batch, read_idx
+from imagegen.data.sets import load_split, read_cifar_batch, read_idx
 from imagegen.errors import UserError
 
 

@@ -73,13 +73,13 @@ def assert_close_runs(a, b):
 def test_two_processes_equal_one_and_resume_at_another_world_size(mnist_root, tmp_path):
     one, two, switched = tmp_path / "one", tmp_path / "two", tmp_path / "switched"
     run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={one}")
-    torchrun("imagegen.train", *TRAIN, f"data.root={mnist_root}", f"run_dir={two}")
+    torchrun("imagegen.commands.train", *TRAIN, f"data.root={mnist_root}", f"run_dir={two}")
     assert_close_runs(one, two)
     assert [json.loads(line)["step"] for line in (two / "metrics.jsonl").read_text().splitlines()
             if '"loss"' in line] == list(range(1, 11))      # rank 0 alone writes: one row per step
 
     # started on 2 processes, stopped at step 5, resumed on 1: ends where the 2-process run ends
-    torchrun("imagegen.train", *TRAIN, f"data.root={mnist_root}", f"run_dir={switched}", "train.max_steps=5")
+    torchrun("imagegen.commands.train", *TRAIN, f"data.root={mnist_root}", f"run_dir={switched}", "train.max_steps=5")
     proc = run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={switched}")
     assert "at step 5" in proc.stdout
     assert_close_runs(two, switched)
@@ -92,7 +92,7 @@ def test_distributed_eval_equals_one_process(mnist_root, tmp_path):
     run("imagegen-eval", f"checkpoint={ck}", "progress=false", "threads=1")
     single = json.loads((tmp_path / "last.test.json").read_text())["bits_per_dim"]
     (tmp_path / "last.test.json").unlink()
-    torchrun("imagegen.evaluate", f"checkpoint={ck}", "progress=false", "threads=1")
+    torchrun("imagegen.commands.evaluate", f"checkpoint={ck}", "progress=false", "threads=1")
     double = json.loads((tmp_path / "last.test.json").read_text())
     assert double["images"] == 16
     assert abs(double["bits_per_dim"] - single) < 1e-9
@@ -102,7 +102,7 @@ def test_distributed_eval_equals_one_process(mnist_root, tmp_path):
 def test_a_killed_rank_stops_the_other_in_one_sentence(mnist_root, tmp_path):
     args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
             "train.save_every=3"]
-    rank0, rank1 = ranks("-m", "imagegen.train", *args, timeout_s=30)
+    rank0, rank1 = ranks("-m", "imagegen.commands.train", *args, timeout_s=30)
     deadline = time.time() + 300
     while time.time() < deadline and not (tmp_path / "last.pt").exists():
         time.sleep(0.1)
@@ -123,7 +123,7 @@ def test_a_killed_rank_stops_the_other_in_one_sentence(mnist_root, tmp_path):
 def test_sigterm_to_the_job_stops_every_rank_at_one_step(mnist_root, tmp_path):
     args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
             "train.save_every=100000"]
-    procs = ranks("-m", "imagegen.train", *args)
+    procs = ranks("-m", "imagegen.commands.train", *args)
     deadline = time.time() + 300
     while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and losses(tmp_path)):
         time.sleep(0.1)
@@ -141,7 +141,7 @@ def test_sigterm_to_the_job_stops_every_rank_at_one_step(mnist_root, tmp_path):
 TEARDOWN_PROBE = """
 import os, sys
 from imagegen import distributed, trainer
-from imagegen.train import main
+from imagegen.commands.train import main
 
 def gloo_threads():
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
@@ -179,7 +179,7 @@ def test_teardown_ends_gloo_threads(end, mnist_root, tmp_path):
 
 @pytest.mark.slow
 def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):
-    procs = ranks("-m", "imagegen.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}",
+    procs = ranks("-m", "imagegen.commands.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}",
                   f"run_dir={tmp_path}")
     for p in procs:
         _, err = p.communicate(timeout=300)

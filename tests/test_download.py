@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import imagegen.data as data
+import imagegen.data.sets as data
 from fixtures import shared_data, one_sentence, write_cifar, write_mnist
-from imagegen.data import load_from_config, load_split
+from imagegen.data.sets import load_from_config, load_split
 from imagegen.errors import UserError
 
 

@@ -15,14 +15,15 @@ import torch
 from PIL import Image
 
 from commands import call, one_line_error
-from imagegen import checkpoint
+from imagegen.store import checkpoint
 from imagegen.benchmarks.browser import CHROMIUM, FLAGS, serve as serve_folder
-from imagegen.data import dataset_info
+from imagegen.data.sets import dataset_info
 from imagegen.errors import UserError
-from imagegen.export import export, safetensors_bytes
-from imagegen.model import START, build_model
-from imagegen.likelihood import guided_probs
-from imagegen.sampling import branches, generate, guided
+from imagegen.commands.export import export
+from imagegen.web.site import safetensors_bytes
+from imagegen.model.transformer import START, build_model
+from imagegen.model.heads import guided_probs
+from imagegen.sampling.decode import branches, generate, guided
 
 MARGIN = 1e-5   # uniforms closer than this (as a share of the total mass) to a CDF edge are moved
 

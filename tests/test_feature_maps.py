@@ -10,12 +10,13 @@ import warnings
 import pytest
 import torch
 
-from imagegen import checkpoint, ops
+from imagegen.store import checkpoint
+from imagegen import ops
 from imagegen.attention import make_attention
 from imagegen.attention.feature_maps import FEATURE_MAPS, make_feature_map, orthogonal_gaussian
-from imagegen.data import dataset_info
+from imagegen.data.sets import dataset_info
 from imagegen.errors import UserError
-from imagegen.model import build_model
+from imagegen.model.transformer import build_model
 from imagegen.ops import kernel as kernel_mod, triton_linear
 from imagegen.ops.gated_linear import gated_chunked, gated_reference, gated_step
 from fixtures import skip_without_cpu_kernel
@@ -88,7 +89,7 @@ def test_step_matches_forward(name, gate, dtype, tol):
     attn = make_attention("linear", 32, 4, feature_map=name, gate=gate).to(dtype)
     x = torch.randn(3, 41, 32, dtype=dtype)
     state = attn.init_state(3, 41, "cpu", dtype)
-    assert ("fused" in state) == (name == "elu" and gate == "none" and kernel_mod.kernel_error("cpu") is None)
+    assert (state.form == "fused") == (name == "elu" and gate == "none" and kernel_mod.kernel_error("cpu") is None)
     steps = []
     for t in range(41):
         y_t, state = attn.step(x[:, t], state)
@@ -134,7 +135,7 @@ def test_whole_model_steps_through_the_module_loop_for_other_maps():
         model = build_model({**cfg, "attention_options": options}, info).double().eval()
         x = torch.randint(0, 256, (2, 30), dtype=torch.uint8)
         state = model.init_state(2, "cpu")
-        assert "kernel" not in state
+        assert state.kernel is None
         tokens = torch.cat([torch.full((2, 1), 256), x[:, :-1].long()], 1)
         steps = torch.stack([model.step(tokens[:, t], state)[0] for t in range(30)], 1)
         torch.testing.assert_close(steps, model(x), atol=1e-9, rtol=0)
@@ -357,7 +358,7 @@ def test_bad_options_are_one_sentence():
 
 
 def test_export_refuses_other_maps_in_one_sentence():
-    from imagegen.export import page_config
+    from imagegen.web.site import page_config
     torch.manual_seed(0)
     for options in ({"feature_map": "favor"}, {"gate": "head"}):
         model = build_model(tiny_cfg(options), dataset_info("mnist"))

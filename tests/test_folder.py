@@ -7,9 +7,9 @@ import pytest
 from PIL import Image
 
 from fixtures import solid, write_class_folder, write_png_header
-from imagegen import source
+from imagegen.data import source
 from imagegen.errors import UserError
-from imagegen.folder import read_image, scan
+from imagegen.data.folder import read_image, scan
 
 RGB = (200, 100, 50)
 GREY = round(0.299 * 200 + 0.587 * 100 + 0.114 * 50)        # ITU-R 601 luma, as Pillow converts

@@ -14,7 +14,7 @@ import pytest
 import commands
 from commands import call
 from fixtures import write_class_folder
-from imagegen import folder, source
+from imagegen.data import folder, source
 
 TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "train.batch_size=4",
         "train.val_images=4", "train.sample_every=0", "train.sample_minutes=0", "train.tensorboard=false",
@@ -149,7 +149,7 @@ def test_torchrun_two_processes_on_a_folder_equal_one(tmp_path):
     data = ["data=folder", f"data.root={root}", "data.image_size=6", "data.channels=1", "model.num_classes=3",
             "train.label_dropout=0"]     # label dropout draws per rank (as dropout does): no equal runs with it
     two, one = tmp_path / "two", tmp_path / "one"
-    proc = torchrun("imagegen.train", *TRAIN, *data, f"run_dir={two}")
+    proc = torchrun("imagegen.commands.train", *TRAIN, *data, f"run_dir={two}")
     assert (proc.stdout + proc.stderr).count("converted 24 images") == 1, proc.stdout + proc.stderr
     proc = run("imagegen-train", *TRAIN, *data, f"run_dir={one}")
     assert "converted" not in proc.stdout + proc.stderr

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from fixtures import write_imagenet
-from imagegen import imagenet, source
-from imagegen.data import dataset_info, load_from_config
+from imagegen.data import imagenet, source
+from imagegen.data.sets import dataset_info, load_from_config
 from imagegen.errors import UserError
 
 

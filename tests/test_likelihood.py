@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from imagegen.errors import UserError
-from imagegen.likelihood import Categorical, LogisticMixture, sample
-from imagegen.model import PixelTransformer
-from imagegen.scoring import bits_per_dim
+from imagegen.model.heads import Categorical, LogisticMixture, sample
+from imagegen.model.transformer import PixelTransformer
+from imagegen.bits_per_dim import bits_per_dim
 
 
 def mixture_params(logits, means, log_scales):

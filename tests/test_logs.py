@@ -6,9 +6,9 @@ import pytest
 import torch
 from PIL import Image
 
-from imagegen import logs
+from imagegen.training import logs
 from imagegen.errors import UserError
-from imagegen.logs import RunLog
+from imagegen.training.logs import RunLog
 
 
 def rows(run_dir):

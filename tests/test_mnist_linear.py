@@ -8,8 +8,8 @@ import torch
 
 import imagegen
 from fixtures import shared_data
-from imagegen import checkpoint, shipped
-from imagegen.data import load_split
+from imagegen.store import checkpoint, shipped
+from imagegen.data.sets import load_split
 
 NAME = "mnist-linear"
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from imagegen import checkpoint
+from imagegen.store import checkpoint
 from imagegen.errors import UserError
-from imagegen.model import PixelTransformer
+from imagegen.model.transformer import PixelTransformer
 from fixtures import skip_without_cpu_kernel
 
 
@@ -53,7 +53,7 @@ def test_whole_model_kernel_step_matches_the_module_loop(dtype, tol):
     model = PixelTransformer(24, 3, 4, "linear", n_layers=3, d_model=32, n_heads=4, d_ff=64,
                              head="mixture").to(dtype).eval()
     fast = model.init_state(2, "cpu", dtype)
-    if "kernel" not in fast:
+    if fast.kernel is None:
         skip_without_cpu_kernel("the fused CPU kernel is unavailable")
     slow = model.init_state(2, "cpu", dtype, whole_model_kernel=False)
     x = torch.randint(0, 256, (2, 24))

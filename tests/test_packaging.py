@@ -1,12 +1,12 @@
-"""The wheel's contents as pyproject.toml declares them: every subpackage of imagegen, and every
-file of conf/ and csrc/ (shipped inside the package as imagegen/conf and imagegen/csrc).
+"""The wheel's contents as pyproject.toml declares them: every subpackage of imagegen, every file of
+conf/ and csrc/ (shipped inside the package as imagegen/conf and imagegen/csrc), the browser page.
 .ci/wheel_check.sh builds the wheel, installs it and trains with it."""
 import fnmatch
 from pathlib import Path
 
 import pytest
 
-from imagegen.cli import CONF_DIR
+from imagegen.commands.cli import CONF_DIR
 from imagegen.ops.kernel import CSRC
 from imagegen.paths import data_dir
 
@@ -39,7 +39,8 @@ def test_every_config_and_source_file_is_package_data():
     files = {f for top in ("conf", "csrc") for f in (ROOT / top).rglob("*")
              if f.is_file() and "__pycache__" not in f.parts}
     models = {f for f in (ROOT / "checkpoints").iterdir() if f.is_file() and f.name != ".gitkeep"}   # runs are folders
-    assert files | models == shipped, sorted(map(str, (files | models) ^ shipped))
+    page = {f for f in (ROOT / "imagegen" / "web").iterdir() if f.is_file() and f.suffix != ".py"}   # the browser page
+    assert files | models | page == shipped, sorted(map(str, (files | models | page) ^ shipped))
 
 
 def test_source_tree_run_finds_the_repository_folders():

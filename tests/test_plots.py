@@ -118,18 +118,18 @@ def run_module(module, *args):
 def test_plot_command(tmp_path):
     a = write_run(tmp_path / "a", train_rows(range(1, 30), 8, 1.0) + [{"step": 29, "val_bpd": 3.0}])
     b = write_run(tmp_path / "b", train_rows(range(1, 20), 6, 3.0))
-    proc = run_module("imagegen.plot", f"runs=[{a},{b}]", "log=true")
+    proc = run_module("imagegen.commands.plot", f"runs=[{a},{b}]", "log=true")
     assert proc.returncode == 0, proc.stderr
     drawn(tmp_path / "curves.png")
     assert f"wrote {tmp_path.resolve() / 'curves.png'}" in proc.stdout
-    proc = run_module("imagegen.plot", f"runs={tmp_path / 'nothing'}", f"out={tmp_path / 'x.png'}")
+    proc = run_module("imagegen.commands.plot", f"runs={tmp_path / 'nothing'}", f"out={tmp_path / 'x.png'}")
     err = proc.stderr.strip()
     assert proc.returncode != 0 and len(err.splitlines()) == 1 and "no metrics in" in err, err
 
 
 @pytest.mark.slow
 def test_sampling_bench_writes_latency_plot_without_plot_batch_in_sweep(tmp_path):
-    proc = run_module("imagegen.bench", "mode=sampling", "preset=small", *TINY, "methods=[linear-recurrent]",
+    proc = run_module("imagegen.commands.bench", "mode=sampling", "preset=small", *TINY, "methods=[linear-recurrent]",
                       "step_batches=[1,2]", "n_positions=2", "probe_positions=[]", "reps=1", "threads=1",
                       f"out_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr

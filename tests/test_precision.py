@@ -8,8 +8,8 @@ import torch
 
 from imagegen import precision
 from imagegen.errors import UserError
-from imagegen.layers import PACK_MIN_ROWS, can_pack, dense, pack
-from imagegen.model import PixelTransformer
+from imagegen.model.layers import PACK_MIN_ROWS, can_pack, dense, pack
+from imagegen.model.transformer import PixelTransformer
 from commands import TINY, one_line_error, run
 from fixtures import skip_without_cpu_kernel
 
@@ -148,13 +148,13 @@ def test_bfloat16_decoding_tracks_float32(attention, whole_model_kernel, impl, b
     x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(1))
     want, _ = decode_params(model, x, torch.float32, whole_model_kernel)
     got, state = decode_params(model, x, torch.bfloat16, whole_model_kernel)
-    if attention == "linear" and impl == "auto" and "fused" not in state["layers"][0]:
+    if attention == "linear" and impl == "auto" and state.layers[0].attn.form != "fused":
         skip_without_cpu_kernel("the fused CPU kernel is unavailable")
-    assert ("kernel" in state) == (whole_model_kernel and impl == "auto")
-    layer = state["layers"][0]
-    assert layer["qkv"][0].dtype == layer["ff"][1][0].dtype == torch.bfloat16       # converted once, here
-    assert layer["qkv"][0].is_mkldnn == layer["ff"][1][0].is_mkldnn == (batch >= PACK_MIN_ROWS and can_pack())
-    sums = layer.get("fused", layer.get("S", layer.get("k")))
+    assert (state.kernel is not None) == (whole_model_kernel and impl == "auto")
+    layer = state.layers[0]
+    assert layer.attn.qkv[0].dtype == layer.ff[1][0].dtype == torch.bfloat16       # converted once, here
+    assert layer.attn.qkv[0].is_mkldnn == layer.ff[1][0].is_mkldnn == (batch >= PACK_MIN_ROWS and can_pack())
+    sums = layer.attn.S if attention == "linear" else layer.attn.k
     assert sums.dtype == (torch.bfloat16 if bf16_cache else torch.float32)
     assert want.abs().max() > 1.0                         # the parameters are not all near zero
     assert_close_distributions(model, got, want)
@@ -170,7 +170,7 @@ def test_one_call_bfloat16_step_equals_the_module_loop(batch, d_model):
     model = scaled_model("linear", length=100, d_model=d_model)
     x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(2))
     fast, state = decode_params(model, x, torch.bfloat16, True)
-    if "kernel" not in state:
+    if state.kernel is None:
         skip_without_cpu_kernel("the fused CPU kernel is unavailable")
     slow, _ = decode_params(model, x, torch.bfloat16, False)
     torch.testing.assert_close(fast, slow, atol=1e-2, rtol=1e-2)
@@ -179,21 +179,21 @@ def test_one_call_bfloat16_step_equals_the_module_loop(batch, d_model):
 def test_without_onednn_packing_the_step_multiplies_plain_weights(monkeypatch):
     """Where oneDNN cannot prepack bfloat16 weights, the state keeps plain (in, out) bfloat16
     weights and both steps multiply through addmm, to the same parameters as the packed ones."""
-    from imagegen import layers
+    from imagegen.model import layers
     model = scaled_model("linear", length=60)
     x = torch.randint(0, 256, (8, model.length), generator=torch.Generator().manual_seed(3))
     packed, _ = decode_params(model, x, torch.bfloat16)
     monkeypatch.setattr(layers, "can_pack", lambda: False)
     for whole_model_kernel in (True, False):
         plain, state = decode_params(model, x, torch.bfloat16, whole_model_kernel)
-        assert not state["layers"][0]["qkv"][0].is_mkldnn
+        assert not state.layers[0].attn.qkv[0].is_mkldnn
         torch.testing.assert_close(plain, packed, atol=1e-2, rtol=1e-2)
 
 
 def test_float32_state_uses_the_parameters_themselves():
     model = scaled_model("linear", length=20)
-    layer = model.init_state(1, CPU, torch.float32)["layers"][0]
-    assert layer["qkv"][0] is model.blocks[0].attn.qkv.weight
+    layer = model.init_state(1, CPU, torch.float32).layers[0].attn
+    assert layer.qkv[0] is model.blocks[0].attn.qkv.weight
 
 
 @pytest.mark.slow

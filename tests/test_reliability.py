@@ -29,7 +29,7 @@ def save(obj, f, *args, **kwargs):
     return real_save(obj, f, *args, **kwargs)
 torch.save = save
 sys.argv = ["imagegen-train", *sys.argv[1:]]
-from imagegen.train import main
+from imagegen.commands.train import main
 main()
 """
 
@@ -136,9 +136,9 @@ def test_hostile_checkpoint_runs_nothing(tmp_path):
 
 def tiny_checkpoint(path, **changes):
     """A real checkpoint of a tiny model, with entries replaced by `changes` (a value of None deletes)."""
-    from imagegen import checkpoint
-    from imagegen.data import dataset_info
-    from imagegen.model import build_model
+    from imagegen.store import checkpoint
+    from imagegen.data.sets import dataset_info
+    from imagegen.model.transformer import build_model
     cfg = {"model": {"attention": "linear", "n_layers": 1, "d_model": 8, "n_heads": 2, "d_ff": 16,
                      "head": "categorical", "n_mixtures": 2, "dropout": 0.0, "attention_options": {}},
            "data": {"name": "mnist", "root": "/nonexistent", "download": False, "val_fraction": 0.05,
@@ -190,7 +190,7 @@ def test_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     one sentence, the previous last.pt intact, no temporary file left."""
     import errno
 
-    from imagegen import checkpoint
+    from imagegen.store import checkpoint
     from imagegen.errors import UserError
     path = tiny_checkpoint(tmp_path / "last.pt")
     before = path.read_bytes()
@@ -254,8 +254,8 @@ def test_sampling_batch_that_cannot_fit_is_refused(tmp_path):
 
 
 def build_softmax_weights(payload):
-    from imagegen.data import dataset_info
-    from imagegen.model import build_model
+    from imagegen.data.sets import dataset_info
+    from imagegen.model.transformer import build_model
     return build_model({**payload["config"]["model"], "attention": "softmax"}, dataset_info("mnist")).state_dict()
 
 

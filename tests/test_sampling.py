@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from imagegen.errors import UserError
-from imagegen.model import PixelTransformer
-from imagegen.sampling import completion_rows, generate, grid
+from imagegen.model.transformer import PixelTransformer
+from imagegen.sampling.decode import completion_rows, generate, grid
 
 
 def tiny(attention, length=48, channels=3, **kw):

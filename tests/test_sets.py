@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-import imagegen.data as data
+import imagegen.data.sets as data
 from commands import TINY, call, one_line_error, run
 from fixtures import hostile_cifar_pickle, idx_bytes, one_sentence, write_cifar, write_cifar100, write_mnist
-from imagegen.data import dataset_info, load_from_config, load_split
+from imagegen.data.sets import dataset_info, load_from_config, load_split
 from imagegen.errors import UserError
 from test_download import Server, leftovers, official_md5s, refused_by_checksum
 

@@ -9,15 +9,15 @@ import torch
 from PIL import Image
 
 import imagegen
-from imagegen import checkpoint, shipped
-from imagegen.convert import convert
-from imagegen.data import DATASETS, load_split
+from imagegen.store import checkpoint, shipped
+from imagegen.commands.convert import convert
+from imagegen.data.sets import DATASETS, load_split
 from imagegen.errors import UserError
-from imagegen.evaluate import evaluate_on
-from imagegen.distributed import World
-from imagegen.model import build_model
-from imagegen.sample import run_sample
-from imagegen.scoring import bits_per_dim
+from imagegen.commands.evaluate import evaluate_on
+from imagegen.training.distributed import World
+from imagegen.model.transformer import build_model
+from imagegen.commands.sample import run_sample
+from imagegen.bits_per_dim import bits_per_dim
 
 MODEL = {"attention": "linear", "attention_options": {"impl": "chunked"}, "n_layers": 1, "d_model": 16,
          "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 10, "dropout": 0.0, "num_classes": 10}
@@ -113,7 +113,8 @@ def test_names_resolve_to_shipped_models_and_outputs_stay_out_of_the_package(run
     package = tmp_path / "package"
     convert(convert_cfg(path, package / "tiny-digits", mnist_root, check_images=0), torch.device("cpu"))
     monkeypatch.setattr(shipped, "SHIPPED", package)
-    monkeypatch.setattr("imagegen.sample.prebuilt_only", lambda: None)   # a process-wide switch: not in the test run
+    # a process-wide switch: not in the test run
+    monkeypatch.setattr("imagegen.commands.sample.prebuilt_only", lambda: None)
     monkeypatch.chdir(tmp_path)
     assert shipped.names() == ["tiny-digits"] and shipped.resolve("tiny-digits") == package / "tiny-digits.safetensors"
     with pytest.raises(UserError, match="shipped model .tiny-digits"):

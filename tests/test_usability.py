@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from imagegen.cli import command_name
+from imagegen.commands.cli import command_name
 from imagegen.config import SCHEMAS, describe
 from imagegen.errors import UserError
-from imagegen.runstate import Budget, RunState
+from imagegen.training.runstate import Budget, RunState
 from commands import TINY, call, one_line_error, run
 
 
@@ -54,14 +54,14 @@ def test_sample_writes_beside_the_checkpoint_by_default(tmp_path):
                                               ("sample", "lable", "label"), ("eval", "splt", "split")])
 def test_a_typo_gets_the_closest_option(name, typo, option):
     from imagegen import config
-    from imagegen.cli import compose
+    from imagegen.commands.cli import compose
     config.register()                     # what each command's main() does first
     with pytest.raises(UserError, match=f"did you mean {option}\\?"):
         compose(name, [f"{typo}=1"])
 
 
 def test_no_suggestion_for_a_key_like_no_option():
-    from imagegen.cli import did_you_mean
+    from imagegen.commands.cli import did_you_mean
     assert did_you_mean("train", "completely.different") == ""
 
 

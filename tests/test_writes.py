@@ -28,8 +28,9 @@ exec(os.environ.get("PATCH", ""))
 cmd = sys.argv[1]
 sys.argv = [cmd, *sys.argv[2:]]
 from importlib import import_module
-import_module({"imagegen-train": "imagegen.train", "imagegen-sample": "imagegen.sample",
-               "imagegen-export": "imagegen.export", "imagegen-eval": "imagegen.evaluate"}[cmd]).main()
+module = {"imagegen-train": "train", "imagegen-sample": "sample", "imagegen-export": "export",
+          "imagegen-eval": "evaluate"}
+import_module("imagegen.commands." + module[cmd]).main()
 """
 
 # torch.save's zip writer failing as on a full disk, from the N-th save on (after writing a little)
@@ -97,7 +98,7 @@ def snapshot(folder):
 # ---------------------------------------------------------------- the write helper
 @pytest.mark.parametrize("fault", ["ENOSPC", "EROFS", "torch"])
 def test_every_write_error_is_one_sentence_and_keeps_the_previous_file(tmp_path, monkeypatch, fault):
-    from imagegen import checkpoint
+    from imagegen.store import checkpoint
     from imagegen.errors import UserError
     path = tiny_checkpoint(tmp_path / "last.pt")
     before = path.read_bytes()
@@ -122,7 +123,7 @@ def test_a_symlink_at_the_temporary_name_is_never_written_through(tmp_path):
     """The metrics rewrite used the fixed temporary name metrics.jsonl.tmp: a link planted there wrote
     through to its target. Now the temporary file is created exclusively under a unique name, and a
     link standing at the target's own name is replaced, not followed."""
-    from imagegen.logs import atomic_write
+    from imagegen.training.logs import atomic_write
     outside = tmp_path / "outside.txt"
     outside.write_text("precious")
     run_dir = tmp_path / "run"
@@ -339,8 +340,8 @@ def test_misleading_messages(tmp_path, cifar_root, mnist_root):
     proc = call("imagegen-bench", "mode=compare", f"checkpoints=[{tmp_path / 'nope.pt'}]")
     one_line_error(proc, "pass checkpoints=[a.pt,b.pt,...]")
 
-    from imagegen.data import dataset_info
-    from imagegen.model import build_model
+    from imagegen.data.sets import dataset_info
+    from imagegen.model.transformer import build_model
     model = {"attention": "linear", "n_layers": 1, "d_model": 8, "n_heads": 2, "d_ff": 16, "head": "categorical",
              "n_mixtures": 2, "dropout": 0.0, "attention_options": {}}
     cifar = tiny_checkpoint(tmp_path / "cifar.pt", config=lambda p: {**p["config"], "data": {
@@ -457,7 +458,7 @@ time.sleep(600)
 """
 CHILD = """
 import signal, sys, time
-from imagegen.signals import watch_parent
+from imagegen.training.signals import watch_parent
 got = []
 signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
 watch_parent(interval=0.1)

@@ -1,7 +1,7 @@
 // The linear transformer as an RNN in float32 typed arrays: the arithmetic of
 // imagegen.model.PixelTransformer.step (embeddings, pre-LN blocks, linear attention with
 // phi = elu + 1 and per-head state S (E x E) and z (E), exact-GELU feed-forward, ln_f, proj)
-// and the inverse-CDF draw of imagegen.likelihood.sample, guided as likelihood.guided_probs for
+// and the inverse-CDF draw of imagegen.model.heads.sample, guided as heads.guided_probs for
 // class-conditional models. N images step together: the products run weights outer, batch inner,
 // four images per weight load (`dense`), so a batch shares each weight read.
 // Shape letters: N images (rows), D model dim, H heads, E head dim, F feed-forward dim, P head params,
@@ -252,7 +252,7 @@ const EDGES = Array.from({length: 255}, (_, i) => (i + 0.5) / 127.5 - 1);   // i
 
 /** Probabilities of the 256 byte values (Float64Array) from one image's parameters (P values at
  * params[off..]): softmax of 256 logits, or the discretized logistic mixture's CDF at the inner
- * bin edges, differenced (the head's `probs` in imagegen.likelihood). */
+ * bin edges, differenced (the head's `probs` in imagegen.model.heads). */
 export function headProbs(config, params, off) {
   const p = new Float64Array(256);
   if (config.head === "categorical") {
@@ -280,9 +280,9 @@ export function headProbs(config, params, off) {
   return p;
 }
 
-const TINY = 2 ** -126;   // float32's smallest normal, where likelihood.guided_probs clamps
+const TINY = 2 ** -126;   // float32's smallest normal, where heads.guided_probs clamps
 
-/** p (256) to draw from, as imagegen.likelihood.sample: the head's probabilities at params[off..],
+/** p (256) to draw from, as imagegen.model.heads.sample: the head's probabilities at params[off..],
  * with classifier-free guidance (offUncond: the unconditional branch's parameters, or -1) p_c^G
  * p_u^(1-G) normalised, then sharpened as p^(1/temperature). */
 export function probs(config, params, off, temperature, offUncond = -1, guidance = 1) {

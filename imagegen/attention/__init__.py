@@ -2,18 +2,21 @@
 
 Every attention module maps x (N, L, D) -> (N, L, D) with D = d_model and offers:
 - `forward(x)`: the whole causal sequence (training, evaluation, recompute sampling);
-- `init_state(batch, max_len, device, dtype)`: the decoding state, which also carries the
-  projections' weights for products in `dtype` (`step_weights`: bfloat16 copies made once when
-  the parameters are float32);
+- `init_state(batch, max_len, device, dtype)`: the decoding state, an `AttentionState` (a
+  dataclass: softmax's `KVCache`, linear's `LinearState`), which also carries the projections'
+  weights for products in `dtype` (`step_weights`: bfloat16 copies made once when the parameters
+  are float32);
 - `step(x_t, state) -> (y_t, state)`: one position, x_t and y_t (N, D).
 `can_step` is False for attentions with no incremental state (LSH). The invariant:
 stepping through a sequence gives the outputs of `forward` on it.
 Shape letters: N batch, L length, D model dim, H heads, E query/key dim, M value dim.
 """
+from dataclasses import dataclass
+
 from torch import nn
 
 from ..errors import UserError
-from ..layers import Dense, dense
+from ..model.layers import Dense, dense
 
 ATTENTIONS = {}
 
@@ -34,6 +37,14 @@ def make_attention(name, d_model, n_heads, **options):
     except TypeError as e:
         raise UserError(f"bad model.attention_options for {name} attention ({e}); see the docstring of "
                         f"{ATTENTIONS[name].__name__} for its options.") from None
+
+
+@dataclass
+class AttentionState:
+    """What every attention carries between decoding steps: its projections' (weight, bias) for
+    the step's products (`Dense.cast`); each attention's state adds its own sums or cache."""
+    qkv: tuple
+    out: tuple
 
 
 class Attention(nn.Module):
@@ -65,7 +76,7 @@ class Attention(nn.Module):
 
     def merge_step(self, y, state):
         """(N, ..., M) heads of one position -> (N, D) through the state's output projection."""
-        return dense(y.reshape(y.shape[0], self.d_model), state["out"])
+        return dense(y.reshape(y.shape[0], self.d_model), state.out)
 
     def init_state(self, batch, max_len, device, dtype):
         raise NotImplementedError(f"{self.name} attention has no incremental state; sample it by recomputing "

@@ -17,6 +17,7 @@ Triton serves the forward) or PyTorch's baddbmm and bmm.
 With bfloat16 decoding (dtype=bfloat16 in init_state) the projections run in bfloat16 and S, Z
 stay float32: the fused kernel widens q, k, v as it reads them, the loop here converts them."""
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +26,19 @@ from torch import nn
 from ..errors import UserError
 from ..ops import (EPS, IMPLS, compute_dtype, fused_state, fused_step, gated_linear_attention, gated_step,
                    linear_attention_qkv, mapped_linear_attention, triton_step, uses_fused_kernel, uses_triton_step)
-from ..layers import Dense, dense
-from . import Attention, register
+from ..model.layers import Dense, dense
+from . import Attention, AttentionState, register
 from .feature_maps import make_feature_map
+
+
+@dataclass
+class LinearState(AttentionState):
+    """The running sums of one linear-attention layer, in the form its steps run:
+    form "fused": S is the fused C++ kernel's own state (S and z of each of N*H heads, `ops.fused_state`);
+    form "triton" or "torch": S (N*H, F, M+1) with Z as its last column, stepped by Triton's kernel or
+    by PyTorch's products. Float32 for bfloat16 products."""
+    S: torch.Tensor
+    form: str = "torch"
 
 GATES = ("none", "head", "input")
 HALF_LIVES = (4.0, 1024.0)  # initial gates: half-lives (positions) log-spaced over the heads between these
@@ -93,29 +104,29 @@ class LinearAttention(Attention):
         return self.merge(y)
 
     def init_state(self, batch, max_len, device, dtype):
-        """Constant-size state whatever max_len: the fused kernel's (N*H, S and z), else
-        S (N*H, F, M+1) whose last column is Z; both float32 for bfloat16 products."""
+        """A LinearState of constant size whatever max_len: the fused kernel's form where it serves
+        (elu + 1, no gate), else S (N*H, F, M+1) whose last column is Z, stepped by Triton or PyTorch."""
         like, NH, E = torch.empty(0, device=device, dtype=dtype), batch * self.n_heads, self.head_dim
         weights = self.step_weights(dtype, batch)
         if self.plain_elu and uses_fused_kernel(self.impl, like):
-            return {"fused": fused_state(like, NH, E, E), **weights}
+            return LinearState(S=fused_state(like, NH, E, E), form="fused", **weights)
         Fd = self.feature_map.n_out
         state_dtype = compute_dtype(like) if self.plain_elu else feature_dtype(like)   # elu: as before maps existed
         S = torch.zeros(NH, Fd, E + 1, device=device, dtype=state_dtype)
         triton = self.gate == "none" and uses_triton_step(self.impl, S.new_empty(1, 1, 1, max(Fd, E + 1)))
-        return {"S": S, "triton": True, **weights} if triton else {"S": S, **weights}
+        return LinearState(S=S, form="triton" if triton else "torch", **weights)
 
     def step(self, x_t, state):                              # x_t (N, D)
         N, H, E = x_t.shape[0], self.n_heads, self.head_dim
-        if "fused" in state:
-            q, k, v = dense(x_t, state["qkv"]).view(N, 3, H, 1, E).unbind(1)       # (N, H, 1, E) views
-            return self.merge_step(fused_step(q, k, v, state["fused"], EPS), state), state
-        S = state["S"]
-        qkv = dense(x_t, state["qkv"]).view(N, 3, H, 1, E).to(S.dtype)
-        if state.get("triton") and self.plain_elu:           # the same S, Z by one Triton kernel, elu inside
+        if state.form == "fused":
+            q, k, v = dense(x_t, state.qkv).view(N, 3, H, 1, E).unbind(1)          # (N, H, 1, E) views
+            return self.merge_step(fused_step(q, k, v, state.S, EPS), state), state
+        S = state.S
+        qkv = dense(x_t, state.qkv).view(N, 3, H, 1, E).to(S.dtype)
+        if state.form == "triton" and self.plain_elu:       # the same S, Z by one Triton kernel, elu inside
             return self.merge_step(triton_step(*qkv.unbind(1), S, EPS), state), state
         qk = self.feature_map(qkv[:, :2].reshape(N * 2, H, 1, E)).view(N, 2, H, 1, -1)  # (N, 2, H, 1, F)
-        if state.get("triton"):                              # features from PyTorch, phi the identity
+        if state.form == "triton":                           # features from PyTorch, phi the identity
             return self.merge_step(triton_step(qk[:, 0], qk[:, 1], qkv[:, 2], S, EPS, mapped=True), state), state
         fq, fk, v = qk[:, 0, :, 0], qk[:, 1, :, 0], qkv[:, 2, :, 0]                # (N, H, F), (N, H, M)
         g = None

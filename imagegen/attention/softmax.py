@@ -3,11 +3,21 @@
 Under bfloat16 decoding the projections run in bfloat16 and the cache stays float32 unless
 `bf16_cache` is set: on the AMD EPYC (AVX512-BF16, no AMX) torch's CPU attention over a bfloat16
 cache was 2.8-3.9x slower at the last position than over a float32 one (sampling benchmark)."""
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from ..layers import Dense, dense
-from . import Attention, register
+from ..model.layers import Dense, dense
+from . import Attention, AttentionState, register
+
+
+@dataclass
+class KVCache(AttentionState):
+    """Keys and values (N, H, max_len, E) of the positions so far, written in place; t: the next position."""
+    k: torch.Tensor
+    v: torch.Tensor
+    t: int = 0
 
 
 @register("softmax")
@@ -29,15 +39,15 @@ class SoftmaxAttention(Attention):
         float32 for bfloat16 products unless bf16_cache."""
         shape = (batch, self.n_heads, max_len, self.head_dim)
         cache = torch.float32 if dtype == torch.bfloat16 and not self.bf16_cache else dtype
-        return {"k": torch.zeros(shape, device=device, dtype=cache),
-                "v": torch.zeros(shape, device=device, dtype=cache), "t": 0, **self.step_weights(dtype, batch)}
+        k, v = (torch.zeros(shape, device=device, dtype=cache) for _ in range(2))
+        return KVCache(k=k, v=v, **self.step_weights(dtype, batch))
 
     def step(self, x_t, state):                              # x_t (N, D)
         N, H, E = x_t.shape[0], self.n_heads, self.head_dim
-        q, k, v = dense(x_t, state["qkv"]).view(N, 3, H, 1, E).unbind(1)          # (N, H, 1, E)
-        t = state["t"]
-        state["k"][:, :, t] = k[:, :, 0]
-        state["v"][:, :, t] = v[:, :, 0]
-        state["t"] = t + 1
-        y = F.scaled_dot_product_attention(q.to(state["k"].dtype), state["k"][:, :, :t + 1], state["v"][:, :, :t + 1])
+        q, k, v = dense(x_t, state.qkv).view(N, 3, H, 1, E).unbind(1)             # (N, H, 1, E)
+        t = state.t
+        state.k[:, :, t] = k[:, :, 0]
+        state.v[:, :, t] = v[:, :, 0]
+        state.t = t + 1
+        y = F.scaled_dot_product_attention(q.to(state.k.dtype), state.k[:, :, :t + 1], state.v[:, :, :t + 1])
         return self.merge_step(y, state), state

@@ -12,10 +12,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..data import dataset_info
+from ..data.sets import dataset_info
 from ..allocator import keep_freed_memory
 from ..errors import UserError
-from ..model import build_model
+from ..model.transformer import build_model
 from ..attention.feature_maps import FEATURE_MAPS, make_feature_map
 from ..ops import (TRITON_DEVICES, gated_linear_attention, kernel_error, linear_attention, mapped_linear_attention,
                    triton_error)

@@ -4,7 +4,7 @@
 Both time one decoding step (the model step for a batch of images plus their draws); with linear
 attention the work per step does not depend on the position, so images/sec = batch / (D * step).
 - browser: `window.imagegen.bench(batch, steps)` in the page's Web Worker (JavaScript, float32
-  typed arrays, one thread), the page exported by `imagegen.export.write_site` and served from
+  typed arrays, one thread), the page exported by `imagegen.web.site.write_site` and served from
   127.0.0.1; Chromium is Debian's /usr/bin/chromium driven by Playwright;
 - Python: `imagegen.benchmarks.sampling.step_latency`, the whole step as one C++ call when the
   fused CPU kernel serves the model (the path `imagegen-sample` takes).
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..export import write_site
-from ..model import build_model
+from ..web.site import write_site
+from ..model.transformer import build_model
 from .report import machine, markdown_table
 from .sampling import step_latency
 
@@ -71,7 +71,7 @@ def run(cfg, model_cfg, info):
     """Random weights of the configured architecture, linear attention; returns {"rows": [...], ...}."""
     torch.manual_seed(cfg["seed"])
     model = build_model({**model_cfg, "attention": "linear", "attention_options": {"impl": "auto"}}, info).eval()
-    python_path = "one C++ call" if "kernel" in model.init_state(1, torch.device("cpu")) else "PyTorch per layer"
+    python_path = "one C++ call" if model.init_state(1, torch.device("cpu")).kernel is not None else "PyTorch per layer"
     batches, steps, D = cfg["browser_batches"], cfg["browser_steps"], info.length
     times = {(who, b): [] for who in ("python", "browser") for b in batches}
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,10 +7,10 @@ only when it was written for that very checkpoint (modification time and step), 
 split and with the same max_images; rows over different image counts are refused."""
 import json
 
-from .. import checkpoint, shipped
-from ..data import dataset_info
+from ..store import checkpoint, shipped
+from ..data.sets import dataset_info
 from ..errors import UserError
-from ..sampling import resolve_sampler, sampler_label
+from ..sampling.decode import resolve_sampler, sampler_label
 from .report import machine, markdown_table
 from .sampling import measure, timed_positions
 

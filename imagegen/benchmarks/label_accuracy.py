@@ -15,9 +15,9 @@ import time
 import torch
 from torch import nn
 
-from .. import checkpoint, shipped
-from ..data import dataset_info, load_from_config
-from ..sampling import generate
+from ..store import checkpoint, shipped
+from ..data.sets import dataset_info, load_from_config
+from ..sampling.decode import generate
 from .report import machine, markdown_table, write_outputs
 
 

@@ -12,7 +12,7 @@ bounded sweep and reported at its best; batch 1 gives seconds per image (Table 5
 the step samplers one whole image is also sampled at batch 1 and timed end to end.
 Each method runs in every precision of `sampling_precisions` (float32; bfloat16: the step loops'
 products in bfloat16 with weights converted once, the KV cache float32 except for the method
-softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; see `imagegen.sampling`),
+softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; see `imagegen.sampling.decode`),
 the precisions in turn at each position, so that a shared machine's changing load reaches both
 and the "x float32" ratio compares like with like. The default [float32, auto] measures bfloat16
 only where it is fast (`imagegen.precision`).
@@ -24,9 +24,9 @@ import torch
 
 from ..errors import UserError
 from ..memory import check_batch_fits
-from ..model import build_model
+from ..model.transformer import build_model
 from ..precision import resolve_precisions
-from ..sampling import draw_step, fill_step, recompute_step
+from ..sampling.decode import draw_step, fill_step, recompute_step
 from .. import plots
 from .progress import Progress
 from .report import machine, markdown_table
@@ -53,10 +53,10 @@ def step_latency(model, batch, t, reps=3, warmup=2, seed=0, dtype=None):
     D = model.length
     t = max(0, min(t, D - reps - warmup))
     state = model.init_state(batch, next(model.parameters()).device, dtype)
-    state["t"] = t                                       # jump to position t
-    for layer in state["layers"]:
-        if "t" in layer:
-            layer["t"] = t
+    state.t = t                                          # jump to position t
+    for layer in state.layers:
+        if hasattr(layer.attn, "t"):                     # a KV cache's position
+            layer.attn.t = t
     g = torch.Generator().manual_seed(seed)
     token = torch.randint(0, 256, (batch,))
     for _ in range(warmup):
@@ -123,7 +123,7 @@ def timed_positions(D, n, probes=()):
 def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dtype):
     """Why this batch cannot be measured in this precision (a sentence), or None."""
     if attention == "softmax" and sampler == "step":
-        cache_dtype = model.blocks[0].attn.init_state(0, 0, "cpu", dtype)["k"].dtype
+        cache_dtype = model.blocks[0].attn.init_state(0, 0, "cpu", dtype).k.dtype
         if kv_cache_bytes(model_cfg, info, batch, cache_dtype) > cfg["max_cache_gb"] * 2 ** 30:
             return f"KV cache over {cfg['max_cache_gb']} GiB"
     try:

@@ -41,7 +41,8 @@ CSRC = data_dir("csrc")
 # CPU: one file per job (the numerator, the fused attention, the whole-model decoding step) and the module
 SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "bindings.cpp"],
            "cuda": ["causal_product_cuda.cu"]}
-HEADERS = ["cpu_kernel.h", "vec.h", "qkv_checks.h"]  # included by the sources (qkv_checks.h by both): part of the build key
+# included by the sources (qkv_checks.h by both): part of the build key
+HEADERS = ["cpu_kernel.h", "vec.h", "qkv_checks.h"]
 BUILD_TIME = {"cpu": "about a minute", "cuda": "several minutes"}
 DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
           "cuda": (torch.float32, torch.float16, torch.bfloat16)}

@@ -1,0 +1,62 @@
+"""imagegen-bench: speed benchmarks that print markdown tables and write JSON (options: config.BenchConfig).
+
+mode=attention   causal attention forward / forward+backward time and peak memory
+mode=train_step  whole-model training step, softmax vs linear
+mode=sampling    images/sec of linear-recurrent, softmax-KV-cache, softmax- and LSH-recompute
+mode=compare     the paper's table for trained checkpoints
+mode=browser     the exported page's JavaScript step in headless Chromium beside Python's step
+"""
+from pathlib import Path
+
+from .cli import hydra_entry
+from ..data.sets import dataset_info
+from ..errors import UserError
+
+MODES = ("attention", "train_step", "sampling", "compare", "browser")
+
+
+def task(c, device):
+    from ..benchmarks.progress import apply_quick
+    c = apply_quick(c)                     # quick=true: about a minute on 2 cores
+    out = Path(c["out_dir"])
+    info = dataset_info(c["data"])
+    from ..benchmarks import report
+    if c["mode"] == "sampling":
+        from ..benchmarks import sampling
+        if device.type != "cpu":
+            raise UserError("mode=sampling runs on the CPU in this version; use device=cpu.")
+        name = f"sampling-{c['data']['name']}-{c['arch_name']}"
+        result = sampling.run(c, c["model"], info, out_dir=out, out_name=name)     # rows written as they come
+        md = sampling.report(result, c, c["arch_name"], info, c["model"])
+        report.write_outputs(out, name, {"partial": False, "config": c, "machine": report.machine(), **result}, md)
+        sampling.plot_latency(out / f"{name}-latency.png", result, c["plot_batch"], log=c["plot_log"],
+                              title=f"Per-step latency, {c['arch_name']} architecture, {info.length} sub-pixels")
+    elif c["mode"] == "browser":
+        from ..benchmarks import browser
+        result = browser.run(c, c["model"], info)
+        md = browser.report(result, c, c["arch_name"], info, c["model"])
+        report.write_outputs(out, f"browser-{c['data']['name']}-{c['arch_name']}",
+                             {"config": c, "machine": report.machine(), **result}, md)
+    elif c["mode"] == "compare":
+        from ..benchmarks import compare
+        from .evaluate import evaluate
+
+        def evaluated(path):
+            eval_cfg = {"checkpoint": str(path), "split": c["split"], "batch_size": 32, "max_images": c["max_images"],
+                        "lsh_draws": 1, "lsh_seed": 0, "progress": True, "data": c["eval_data"]}
+            return evaluate(eval_cfg, device)
+        result, md = compare.run(c, evaluated)
+        report.write_outputs(out, "compare", {"machine": report.machine(), **result}, md)
+    elif c["mode"] in ("attention", "train_step"):
+        from ..benchmarks import attention
+        run = attention.run_attention if c["mode"] == "attention" else attention.run_train_step
+        result, md = run(c, device, out_dir=out)             # rows written to out as they are measured
+        report.write_outputs(out, c["mode"], {"partial": False, "config": c, "machine": report.machine(), **result}, md)
+    else:
+        raise UserError(f"unknown mode {c['mode']!r}; choose one of {', '.join(MODES)}.")
+
+
+main = hydra_entry("bench", task)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""What every entry point shares: Hydra wiring, typed-config checks, --help, devices, one-line errors."""
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import config
+from ..errors import UserError
+from ..paths import data_dir
+
+CONF_DIR = data_dir("conf")  # shipped inside the package by a wheel, else the source tree's
+GROUPS = ("model", "data", "preset")      # config groups; a command takes those it names
+
+
+@dataclass(frozen=True)
+class Command:
+    """A console script: the module whose `main` runs it, and what its --help says."""
+    module: str
+    description: str
+    groups: tuple = ()
+    examples: tuple = ()
+    uses_device: bool = True       # False: the task gets no device, and torch is not imported for it
+    script: str = ""               # what the user types, when not imagegen-<config name>
+
+
+# Here rather than in each command's module, so that --help answers without importing torch (`launcher`).
+COMMAND_TABLE = {
+    "train": Command(
+        "imagegen.commands.train",
+        "train a pixel-level autoregressive transformer; the same command again resumes from run_dir/last.pt.",
+        ("model", "data", "preset"),
+        ("imagegen-train model=linear data.root=../shared/data/mnist train.max_minutes=15",
+         "imagegen-train model=softmax data=cifar10 data.root=../shared/data/cifar10 preset=paper_cifar",
+         "torchrun --standalone --nproc_per_node=2 --no-python imagegen-train threads=1")),
+    "eval": Command(
+        "imagegen.commands.evaluate",
+        "exact bits/dim of a checkpoint on a data split; writes <checkpoint>.<split>.json beside it.", (),
+        ("imagegen-eval checkpoint=checkpoints/mnist-linear-small/best.pt",
+         "imagegen-eval checkpoint=run/last.pt split=val max_images=500")),
+    "sample": Command(
+        "imagegen.commands.sample", "sample an image grid, or completions of test images, from a checkpoint.", (),
+        ("imagegen-sample                       # the shipped mnist-linear: a row per digit",
+         "imagegen-sample label=7 num_images=16 guidance=2",
+         "imagegen-sample checkpoint=checkpoints/mnist-linear-small/best.pt num_images=64",
+         "imagegen-sample checkpoint=run/best.pt mode=complete out=complete.png")),
+    "bench": Command(
+        "imagegen.commands.bench",
+        "speed benchmarks (attention kernels, training step, sampling) and the paper's comparison table; "
+        "Markdown tables, JSON and plots in out_dir.", ("model", "data", "preset"),
+        ("imagegen-bench mode=sampling preset=paper_mnist data=mnist threads=2",
+         "imagegen-bench mode=attention threads=2",
+         "imagegen-bench mode=train_step preset=small threads=2",
+         "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000")),
+    "plot": Command(
+        "imagegen.commands.plot",
+        "training curves (bits/dim against steps and minutes) of one or more runs, from their metrics.jsonl, "
+        "as one PNG.", (),
+        ("imagegen-plot runs=[checkpoints/mnist-linear-small,checkpoints/mnist-softmax-small]",
+         "imagegen-plot runs=checkpoints/mnist-linear-small out=curves.png log=true"), uses_device=False),
+    "export": Command(
+        "imagegen.commands.export",
+        "write a static web site that samples a linear checkpoint as an RNN in the browser (serve it with "
+        "python -m http.server -d DIR).", (),
+        ("imagegen-export checkpoint=checkpoints/mnist-linear-small/best.pt out=site",
+         "python -m http.server -d site 8000   # then open http://127.0.0.1:8000/?n=16")),
+    "convert": Command(
+        "imagegen.commands.convert",
+        "write a run's model as OUT.safetensors (weights, no pickle) + OUT.json (config), the form models ship in.",
+        (), ("imagegen-convert checkpoint=checkpoints/mnist-linear-cpu_mnist/best.pt out=checkpoints/my-mnist "
+             "guidance=2",)),
+    "prepare": Command(
+        "imagegen.commands.prepare",
+        "build or check a dataset's cache (data=folder: convert the folder once), print its counts, size, class "
+        "table and skipped files, and draw real images as the model sees them.", ("data",),
+        ("imagegen-data prepare data.root=~/pictures data.image_size=32",
+         "imagegen-data prepare data.root=~/pictures data.image_size=64 data.channels=1 data.fit=pad",
+         "imagegen-data prepare data.root=~/pictures check=true",
+         "imagegen-data prepare data=mnist"), uses_device=False, script="imagegen-data prepare"),
+}
+
+
+def command_name(config_name):
+    return COMMAND_TABLE[config_name].script or f"imagegen-{config_name}"
+
+
+def check_choices(argv, groups, config_name):
+    """Reject unknown config-group choices (model=..., data=..., preset=...), and groups this command
+    does not take, before Hydra does."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key in GROUPS and key not in groups:
+            raise UserError(f"{command_name(config_name)} takes no {key}=... (the model and data come from the "
+                            f"checkpoint); see {command_name(config_name)} --help for its options.")
+        if key == "run_dir" and Path(value).expanduser().is_file():     # Hydra would fail making it its output folder
+            raise UserError(f"run_dir {value} is a file, not a folder; choose another run_dir=...")
+        if key in groups and value:
+            valid = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
+            for choice in value.split(","):                          # a -m sweep: model=linear,softmax
+                if choice not in valid:
+                    raise UserError(f"unknown {key} {choice!r}; choose one of: {', '.join(valid)}.")
+
+
+def compose(config_name, overrides):
+    """The config Hydra would build for these overrides, or a UserError saying which one is bad."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        where = str(e).strip().splitlines()[0]
+        key = getattr(cause, "full_key", None)
+        if "not in" in first and key:
+            raise UserError(f"unknown option {key!r}{did_you_mean(config_name, key)}; {command_name(config_name)} "
+                            f"--help lists the options.") from None
+        raise UserError(f"{where.rstrip('.')}: {first.rstrip('.')}; {command_name(config_name)} --help lists "
+                        f"every option and its type.") from None
+
+
+def did_you_mean(config_name, key):
+    """' (did you mean train.max_minutes?)' for the closest option of the command's schema, or ''."""
+    import difflib
+
+    options = [k for k, _, _ in config.describe(config.SCHEMAS[config_name])]
+    close = difflib.get_close_matches(key, options, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def help_text(config_name):
+    """--help: the command, its config groups and every option with its type, default and sentence."""
+    from omegaconf import OmegaConf
+
+    command = COMMAND_TABLE[config_name]
+    description, groups, examples = command.description, command.groups, command.examples
+    cfg = OmegaConf.to_container(compose(config_name, []), resolve=False)
+    lines = [f"{command_name(config_name)}: {description}", "",
+             f"usage: {command_name(config_name)} [key=value ...]" + (" [group=choice ...]" if groups else ""), ""]
+    if groups:
+        lines.append("config groups:")
+        for group in groups:
+            choices = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+            lines.append(f"  {group}={'|'.join(choices)}")
+        lines.append("")
+    lines.append("options (key: type = default; meaning):")
+    for key, kind, text in config.describe(config.SCHEMAS[config_name]):
+        value = cfg
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        lines.append(f"  {key}: {kind} = {value}")
+        lines.append(f"      {text}")
+    if examples:
+        lines += ["", "examples:"] + [f"  {e}" for e in examples]
+    lines += ["", "Hydra's own flags (--cfg job, -m for sweeps, ...): --hydra-help."]
+    return "\n".join(lines)
+
+
+def launcher(config_name):
+    """The console script's main(): --help printed from the typed configs (hydra and omegaconf, no
+    torch: well under a second), anything else handed to the command module's own `main`."""
+    def main():
+        if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+            config.register()
+            print(help_text(config_name))
+            return
+        import importlib
+        importlib.import_module(COMMAND_TABLE[config_name].module).main()
+    return main
+
+
+def hydra_entry(config_name, task):
+    """A command module's main() running `task(cfg, device)` under Hydra, cfg a plain dict with
+    `device` and `threads` keys; overrides are type-checked first and UserErrors print as one line.
+    A command whose table entry says uses_device=False gets task(cfg, None), and no torch."""
+    import hydra
+    from omegaconf import OmegaConf
+
+    config.register()
+    groups, uses_device = COMMAND_TABLE[config_name].groups, COMMAND_TABLE[config_name].uses_device
+
+    def main():
+        argv = sys.argv[1:]
+        try:
+            if "--help" in argv or "-h" in argv:
+                print(help_text(config_name))
+                return
+            check_choices(argv, groups, config_name)
+            if not any(a.startswith("-") for a in argv):      # sweeps and Hydra flags: Hydra checks them
+                compose(config_name, [a for a in argv if not a.startswith("hydra.")])
+        except UserError as e:
+            sys.exit(f"error: {e}")
+
+        @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")
+        def run(cfg):
+            try:
+                missing = sorted(k for k in cfg if OmegaConf.is_missing(cfg, k))
+                if missing:
+                    raise UserError(f"{command_name(config_name)} needs {', '.join(f'{k}=...' for k in missing)}; "
+                                    f"see {command_name(config_name)} --help.")
+                plain = OmegaConf.to_container(cfg, resolve=True)
+                task(plain, resolve_device(plain["device"], plain["threads"]) if uses_device else None)
+            except UserError as e:
+                sys.exit(f"error: {e}")
+            except KeyboardInterrupt:
+                sys.exit("interrupted")
+            except OSError as e:             # disk full, read-only folder, ...: what failed, in one line
+                where = f" ({e.filename})" if e.filename else ""
+                sys.exit(f"error: {e.strerror or e}{where}; free space or fix the folder's permissions, "
+                         f"then run the same command again.")
+        run()
+    return main
+
+
+def resolve_device(name="auto", threads=0):
+    import torch
+    if threads < 0:
+        raise UserError(f"threads must be >= 0 (0: torch's default), got {threads}.")
+    if threads:
+        torch.set_num_threads(int(threads))
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if str(name).startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device={name} asked for, but this torch build sees no CUDA GPU; use device=cpu or "
+                        f"device=auto.")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N.") from None

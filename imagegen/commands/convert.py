@@ -1,0 +1,40 @@
+"""imagegen-convert: a run's checkpoint as a shippable model, OUT.safetensors + OUT.json (Hydra app;
+see conf/convert.yaml and imagegen/store/shipped.py). The result loads wherever a checkpoint is taken
+(checkpoint=OUT.safetensors), and by name once it lies in the package's checkpoints/ folder."""
+from ..store import checkpoint, shipped
+from .cli import hydra_entry
+from ..data.sets import load_from_config
+from ..errors import UserError
+from ..bits_per_dim import bits_per_dim
+
+
+def convert(cfg, device):
+    """Write the files; returns the record stored in OUT.json."""
+    if cfg["check_images"] < 0:
+        raise UserError(f"check_images must be >= 0 (0: skip the check), got {cfg['check_images']}.")
+    path = shipped.resolve(cfg["checkpoint"])
+    ck = checkpoint.load(path)
+    model = checkpoint.model_from_checkpoint(ck, path)
+    state = ck.get("state", {})
+    record = {"source": str(path), "step": state.get("step"), "minutes": round(state.get("elapsed", 0) / 60, 1),
+              "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
+              "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"]}
+    weights, meta = shipped.write(cfg["out"], ck["config"], model.state_dict(), record)
+    if cfg["check_images"]:
+        converted = checkpoint.load(weights)                   # score the file as written, not the model in memory
+        again = checkpoint.model_from_checkpoint(converted, weights).to(device)
+        ((x, y),) = load_from_config(converted["config"]["data"], ("test",), cfg["data"], labels=True)
+        x, y = x[: cfg["check_images"]], y[: cfg["check_images"]]
+        bpd = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"],
+                           labels=y if again.num_classes else None)
+        record["test_check"] = {"images": len(x), "bits_per_dim": bpd, "labels": bool(again.num_classes)}
+        meta = shipped.write_config(cfg["out"], ck["config"], record)      # the weights as written stay
+        print(f"bits/dim of the first {len(x)} test images: {bpd:.4f} (recorded)")
+    print(f"wrote {weights} and {meta}")
+    return record
+
+
+main = hydra_entry("convert", convert)
+
+if __name__ == "__main__":
+    main()

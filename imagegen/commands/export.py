@@ -1,0 +1,45 @@
+"""imagegen-export: a linear-attention checkpoint as a static web page that samples it as an RNN
+in JavaScript (Hydra app; see conf/export.yaml; the site's files: imagegen/web/site.py)."""
+from ..data.sets import load_from_config
+from ..errors import UserError
+from ..store import checkpoint, shipped
+from ..web.site import page_config, write_site
+from .cli import hydra_entry
+
+
+def test_images(ck, count, overrides):
+    """Up to `count` test images (n, D) uint8 for the completion mode, or None with a note if unavailable."""
+    if count <= 0:
+        return None
+    try:
+        (images,) = load_from_config(ck["config"]["data"], ("test",), overrides)
+    except UserError as e:
+        print(f"note: no test images included for the completion mode ({e}); drawing still works.")
+        return None
+    return images[:count]
+
+
+def export(cfg):
+    """Write the site for cfg['checkpoint'] into cfg['out']; returns {file name: bytes written}."""
+    path = shipped.resolve(cfg["checkpoint"])
+    ck = checkpoint.load(path)
+    model = checkpoint.model_from_checkpoint(ck, path)
+    guidance = cfg.get("guidance")
+    guidance = float(ck.get("record", {}).get("guidance", 1.0) if guidance is None else guidance)
+    if guidance < 0:
+        raise UserError(f"guidance must be >= 0 (got {guidance}); 1 samples the plain conditional distribution.")
+    page_config(model, ck["config"]["data"])          # refuse what the page cannot run before reading data
+    examples = test_images(ck, cfg["examples"], cfg.get("data"))
+    return write_site(model, ck["config"]["data"], cfg["out"], examples, guidance, cfg.get("overwrite", False))
+
+
+def run_export(cfg, device):
+    sizes = export(cfg)
+    print(f"wrote {len(sizes)} files ({sum(sizes.values()) / 2 ** 20:.1f} MiB) to {cfg['out']}; serve it with "
+          f"`python -m http.server -d {cfg['out']} 8000` and open http://127.0.0.1:8000/")
+
+
+main = hydra_entry("export", run_export)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""imagegen-sample: image grids and completions from a checkpoint (options: config.SampleConfig)."""
+import time
+from pathlib import Path
+
+import torch
+
+from ..store import checkpoint, shipped
+from .cli import hydra_entry
+from ..config import check_sample
+from ..data.sets import dataset_info, load_from_config
+from ..files import write_image
+from ..memory import check_request_fits
+from ..ops.kernel import prebuilt_only
+from ..precision import dtype_name, model_dims, precision_reason, resolve_precision, slow_bf16_note
+from ..sampling.decode import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
+
+
+def grid_labels(cfg, model):
+    """(labels (n,) or None, n) of a grid: label=N fills it with one class; a list of labels (or
+    auto, on a class-conditional model: every class) gives each its row of nrow images."""
+    if not model.num_classes or cfg["labels"] in ("none", None) and cfg["label"] is None:
+        return None, cfg["num_images"]
+    if cfg["label"] is not None:
+        return torch.tensor([cfg["label"]]), cfg["num_images"]
+    rows = list(range(model.num_classes)) if cfg["labels"] == "auto" else cfg["labels"]
+    return torch.tensor(rows).repeat_interleave(cfg["nrow"]), len(rows) * cfg["nrow"]
+
+
+def default_out(path, mode):
+    """<checkpoint stem>-<mode>.png beside the checkpoint, or in the current folder for a shipped model."""
+    name = f"{path.stem}-{mode}.png"
+    return Path(name) if shipped.is_shipped(path) else path.with_name(name)
+
+
+def run_sample(cfg, device):
+    check_sample(cfg)
+    prebuilt_only()                          # never wait for the C++ kernel's first compile here
+    path = shipped.resolve(cfg["checkpoint"])
+    ck = checkpoint.load(path)
+    model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
+    info = dataset_info(ck["config"]["data"])
+    check_request_fits(cfg, info)
+    sampler = resolve_sampler(model, cfg["sampler"])
+    label = sampler_label(model, sampler)
+    measured = dict(dims=model_dims(model), batch=cfg["batch_size"])       # what precision=auto times
+    dtype = resolve_precision(cfg["precision"], device, **measured)
+    if note := slow_bf16_note(dtype, device):
+        print(note)
+    guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
+    common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
+                  progress=cfg["progress"], dtype=dtype, guidance=guidance)
+    out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    if cfg["mode"] == "grid":
+        labels, n = grid_labels(cfg, model)
+        nrow = cfg["nrow"]
+        seqs = generate(model, n, desc=f"{label} sampling", labels=labels, **common)
+        images = to_images(seqs, info)
+    else:                                    # mode=complete (check_sample allows no other)
+        ((originals, classes),) = load_from_config(ck["config"]["data"], ("test",), cfg["data"], labels=True)
+        originals, classes = originals[: cfg["num_originals"]], classes[: cfg["num_originals"]]
+        k = cfg["completions"]
+        keep = info.height // 2
+        prefix = originals[:, : keep * info.width * info.channels].repeat_interleave(k, dim=0)
+        labels = classes.repeat_interleave(k) if model.num_classes and cfg["labels"] not in ("none", None) else None
+        seqs = generate(model, len(prefix), prefix=prefix, desc=f"{label} completing", labels=labels, **common)
+        completions = to_images(seqs, info).reshape(len(originals), k, info.height, info.width, info.channels)
+        images = completion_rows(to_images(originals, info), completions, keep)
+        nrow = k + 2
+    seconds = time.perf_counter() - start
+    write_image(out, grid(images, nrow=nrow, scale=cfg["scale"]), "sample grid")
+    if cfg["save_each"]:
+        folder = out.with_suffix("")
+        folder.mkdir(exist_ok=True)
+        for i, img in enumerate(to_images(seqs, info)):
+            write_image(folder / f"{i:04d}.png", grid(img[None], nrow=1, scale=cfg["scale"], pad=0), "sample")
+    print(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
+    conditioning = ""
+    if model.num_classes:
+        conditioning = f", labels given, guidance {guidance:g}" if labels is not None else ", no labels"
+    print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}, "
+          f"{dtype_name(dtype)} (precision={cfg['precision']}{precision_reason(cfg['precision'], device, **measured)})"
+          f"{conditioning}: {len(seqs) / seconds:.2f} images/sec")
+
+
+main = hydra_entry("sample", run_sample)
+
+if __name__ == "__main__":
+    main()

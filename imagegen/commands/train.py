@@ -1,0 +1,8 @@
+"""imagegen-train: train a PixelTransformer (Hydra app; see conf/train.yaml and imagegen/config.py)."""
+from .cli import hydra_entry
+from ..training.trainer import train
+
+main = hydra_entry("train", train)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The PixelTransformer: embeddings, blocks (layers), and the output heads."""

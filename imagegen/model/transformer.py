@@ -1,0 +1,187 @@
+"""PixelTransformer: a decoder-only transformer over the D sub-pixels of an image.
+
+Input  x (N, D) uint8. The model reads [START, x_0, ..., x_{D-2}] and predicts x_0..x_{D-1},
+so every one of the D sub-pixels is scored. Embedding = byte + row + column + channel, so
+"the same column one row up" is one learned relation rather than 28 separate ones.
+Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
+registry by name. The head maps each position to P distribution parameters.
+Class-conditional models (num_classes C > 0) add a learned class vector to the input at every
+position, START included (a per-image bias: one token read only at the start would fade as 1/t in
+a linear attention's average); row C of that embedding is "no label", which label dropout trains,
+so one model samples with and without labels (classifier-free guidance, see heads.guided_probs).
+Decoding (`init_state`, `step`) may run its matrix products in bfloat16 with weights converted
+once into the state; the residual stream, LayerNorm, the attention's sums and the head stay
+in the parameters' dtype (float32).
+"""
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..attention import make_attention
+from ..config import ModelConfig
+from ..errors import UserError
+from .layers import Dense, dense
+from .heads import make_head
+from ..ops import EPS, DecodeHead, DecodeLayer, decode_step
+
+START = 256  # token id of the start symbol; bytes are 0..255
+
+DEFAULT = ModelConfig()                  # the constructor's defaults are the typed config's
+
+
+@dataclass
+class BlockState:
+    """One block's decoding state: its attention's (an AttentionState) and the feed-forward's two
+    (weight, bias) pairs for the step's products."""
+    attn: object
+    ff: tuple
+
+
+@dataclass
+class DecodingState:
+    """What `PixelTransformer.step` carries: the next position t, a BlockState per block, the class
+    vectors (N, D) added at every position (None: unconditional), and, when the whole step runs as
+    one C++ call, the (DecodeLayer list, DecodeHead) that call reads (None otherwise)."""
+    t: int = 0
+    layers: list = field(default_factory=list)
+    class_vector: torch.Tensor = None
+    kernel: tuple = None
+
+
+class Block(nn.Module):
+    def __init__(self, attention, d_model, n_heads, d_ff, dropout, attention_options):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = make_attention(attention, d_model, n_heads, **attention_options)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(Dense(d_model, d_ff), nn.GELU(), Dense(d_ff, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):                                    # (N, L, D)
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.ff(self.ln2(x)))
+
+    def init_state(self, batch, max_len, device, dtype):
+        """The attention's decoding state plus the feed-forward weights for products in dtype."""
+        return BlockState(self.attn.init_state(batch, max_len, device, dtype),
+                          (self.ff[0].cast(dtype, batch), self.ff[2].cast(dtype, batch)))
+
+    def step(self, x_t, state):                              # (N, D), in the parameters' dtype
+        y, state.attn = self.attn.step(self.ln1(x_t), state.attn)
+        x_t = x_t + y
+        ff1, ff2 = state.ff
+        return x_t + dense(self.ff[1](dense(self.ln2(x_t), ff1)), ff2), state
+
+
+class PixelTransformer(nn.Module):
+    """Args: length (D sub-pixels), channels (1 or 3), width (pixels per row), attention (registry name),
+    n_layers, d_model, n_heads, d_ff, head ('mixture' or 'categorical'), n_mixtures,
+    dropout, attention_options (dict passed to the attention class), num_classes (0: unconditional)."""
+
+    def __init__(self, length, channels, width, attention=DEFAULT.attention, n_layers=DEFAULT.n_layers,
+                 d_model=DEFAULT.d_model, n_heads=DEFAULT.n_heads, d_ff=DEFAULT.d_ff, head=DEFAULT.head,
+                 n_mixtures=DEFAULT.n_mixtures, dropout=DEFAULT.dropout, attention_options=None,
+                 num_classes=DEFAULT.num_classes):
+        super().__init__()
+        self.length, self.channels, self.width, self.num_classes = length, channels, width, num_classes
+        self.head = make_head(head, n_mixtures)
+        self.tok = nn.Embedding(257, d_model)
+        self.row = nn.Embedding(length // (channels * width), d_model)
+        self.col = nn.Embedding(width, d_model)
+        self.chan = nn.Embedding(channels, d_model)
+        self.blocks = nn.ModuleList(Block(attention, d_model, n_heads, d_ff, dropout, dict(attention_options or {}))
+                                    for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.proj = Dense(d_model, self.head.n_params)
+        embeddings = [self.tok, self.row, self.col, self.chan]
+        if num_classes:
+            self.label = nn.Embedding(num_classes + 1, d_model)  # row num_classes: no label
+            embeddings.append(self.label)
+        for emb in embeddings:                                    # Dense layers initialise themselves (std 0.02)
+            nn.init.normal_(emb.weight, std=0.02)
+
+    @property
+    def can_step(self):
+        return all(b.attn.can_step for b in self.blocks)
+
+    def embed(self, tokens, t):
+        """tokens (N, L) long at positions t (L,) -> (N, L, D)."""
+        pixel = t // self.channels
+        where = self.row(pixel // self.width) + self.col(pixel % self.width) + self.chan(t % self.channels)
+        return self.tok(tokens) + where
+
+    def class_vectors(self, labels, n, device):
+        """The class embedding of labels (N,) long in 0..C-1, or C (no label) for None or -1 entries,
+        as (N, D); None for an unconditional model (which ignores labels)."""
+        if not self.num_classes:
+            return None
+        if labels is None:
+            labels = torch.full((n,), self.num_classes, dtype=torch.long, device=device)
+        labels = torch.as_tensor(labels, device=device).long()
+        if labels.shape != (n,) or bool(((labels < -1) | (labels > self.num_classes)).any()):
+            raise UserError(f"labels must be {n} class numbers in 0..{self.num_classes - 1} (or -1 for none), "
+                            f"got {labels.tolist() if labels.numel() <= 20 else tuple(labels.shape)}.")
+        return self.label(torch.where(labels < 0, self.num_classes, labels))
+
+    def forward(self, x, labels=None):
+        """x (N, L) uint8 with L <= D, labels (N,) or None -> distribution parameters (N, L, P) for x_0..x_{L-1}."""
+        N, L = x.shape
+        tokens = torch.cat([torch.full((N, 1), START, device=x.device, dtype=torch.long), x[:, :-1].long()], 1)
+        h = self.embed(tokens, torch.arange(L, device=x.device))
+        if (c := self.class_vectors(labels, N, x.device)) is not None:
+            h = h + c.unsqueeze(1)                           # (N, 1, D): the same vector at every position
+        for block in self.blocks:
+            h = block(h)
+        return self.proj(self.ln_f(h))
+
+    def nll(self, x, labels=None):
+        """Negative log-likelihood in nats of each sub-pixel, (N, D); float32 under autocast too."""
+        return -self.head.log_prob(self(x, labels).float(), x)
+
+    def init_state(self, batch, device, dtype=None, whole_model_kernel=True, labels=None):
+        """Decoding state for `step`; dtype: that of the blocks' matrix products (None: the
+        parameters'; bfloat16 for float32 parameters converts their weights once, here). When every
+        layer steps through the fused CPU kernel (linear attention), the whole step runs as one
+        C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state."""
+        dtype = dtype or self.proj.weight.dtype
+        layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
+        state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device))
+        if whole_model_kernel and all(getattr(s.attn, "form", None) == "fused" for s in layers):
+            state.kernel = self.kernel_weights(layers)
+        return state
+
+    def kernel_weights(self, layers):
+        """The tensors `ops.decode_step` reads, by name: per block a DecodeLayer (its weights, the
+        state's of the products' dtype, LayerNorm's the parameters; and its decoding state), and the
+        head's DecodeHead."""
+        blocks = []
+        for b, s in zip(self.blocks, layers):
+            (qkv_w, qkv_b), (out_w, out_b), ((ff1_w, ff1_b), (ff2_w, ff2_b)) = s.attn.qkv, s.attn.out, s.ff
+            blocks.append(DecodeLayer(ln1_weight=b.ln1.weight, ln1_bias=b.ln1.bias, qkv_weight=qkv_w, qkv_bias=qkv_b,
+                                      out_weight=out_w, out_bias=out_b, ln2_weight=b.ln2.weight, ln2_bias=b.ln2.bias,
+                                      ff1_weight=ff1_w, ff1_bias=ff1_b, ff2_weight=ff2_w, ff2_bias=ff2_b,
+                                      state=s.attn.S))
+        head = DecodeHead(ln_f_weight=self.ln_f.weight, ln_f_bias=self.ln_f.bias, proj_weight=self.proj.weight,
+                          proj_bias=self.proj.bias)
+        return blocks, head
+
+    def step(self, token, state):
+        """token (N,) long: the byte at position t-1 (START for t = 0) -> parameters (N, P) for x_t."""
+        h = self.embed(token, torch.tensor(state.t, device=token.device))
+        if state.class_vector is not None:
+            h = h + state.class_vector
+        state.t += 1
+        if state.kernel is not None:             # the loop below as one C++ call
+            blocks, head = state.kernel
+            return decode_step(h, blocks, head, self.blocks[0].attn.n_heads, self.ln_f.eps, EPS), state
+        for i, block in enumerate(self.blocks):
+            h, state.layers[i] = block.step(h, state.layers[i])
+        return self.proj(self.ln_f(h)), state
+
+
+def build_model(model_cfg, info):
+    """Model from the `model` config section (a dict) and a DatasetInfo."""
+    keys = ("attention", "n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "dropout",
+            "attention_options", "num_classes")
+    return PixelTransformer(info.length, info.channels, info.width, **{k: model_cfg[k] for k in keys if k in model_cfg})

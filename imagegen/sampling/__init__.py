@@ -1,0 +1,1 @@
+"""Decoding: the RNN / KV-cache / recompute loops, guidance, grids and completions; the CUDA-graph step."""

@@ -1,0 +1,82 @@
+"""The sampler's decoding step, token -> parameters, carrying its own state: the per-module loop
+(`PixelTransformer.step`, the reference, run everywhere but CUDA), or on CUDA for linear
+models the same step over static buffers under torch.compile(mode="reduce-overhead"), which
+replays it as one CUDA graph instead of launching every layer's small kernels from Python.
+
+NOT YET RUN ON A GPU (none has been available to this project): only its eager form is tested,
+on the CPU, against `PixelTransformer.step`. If torch declines to graph it, torch.compile logs
+why and runs it compiled without graphs; IMAGEGEN_CUDA_GRAPHS=0 turns it off altogether.
+Shape letters: N batch, D model dim, P distribution parameters, E head dim.
+"""
+import os
+
+import torch
+
+
+def make_step(model, batch, device, dtype, labels=None):
+    """step(token (N,) long) -> parameters (N, P) for the next position, from a fresh state;
+    labels (N,) for a class-conditional model (None: no label)."""
+    device = torch.device(device)
+    if use_graphs(model, device):
+        if not hasattr(model, "graphed_steps"):       # {(batch, device, dtype): GraphedStep}, compiled once each
+            model.graphed_steps = {}
+        steps, key = model.graphed_steps, (batch, str(device), dtype)
+        if key not in steps:
+            steps[key] = GraphedStep(model, batch, device, dtype)
+        return steps[key].reset(labels)
+    state = model.init_state(batch, device, dtype, labels=labels)
+    return lambda token: model.step(token, state)[0]
+
+
+def use_graphs(model, device):
+    """CUDA, every attention linear (a constant-size state), and not turned off by IMAGEGEN_CUDA_GRAPHS=0."""
+    return (device.type == "cuda" and os.environ.get("IMAGEGEN_CUDA_GRAPHS", "1") != "0"
+            and all(b.attn.name == "linear" for b in model.blocks))
+
+
+class GraphedStep:
+    """`PixelTransformer.step` for `batch` images over static buffers: the position t is a device
+    tensor and each layer's S (N H, E, E + 1), Z its last column, is updated in place, so every call
+    runs the same operations on the same addresses. compile=False keeps it eager (the tests')."""
+
+    def __init__(self, model, batch, device, dtype, compile=True):
+        self.model = model
+        dtype = dtype or model.proj.weight.dtype
+        self.layers = [b.init_state(batch, model.length, device, dtype) for b in model.blocks]
+        for state in self.layers:
+            if getattr(state.attn, "form", None) not in ("torch", "triton"):
+                raise ValueError("GraphedStep needs the PyTorch form of the linear state (S with Z as a column); "
+                                 "on the CPU use PixelTransformer.step.")
+            state.attn.form = "torch"     # a graph replays PyTorch's ops; Triton's step serves the eager loop
+        self.t = torch.zeros((), dtype=torch.long, device=device)
+        self.batch, self.device = batch, device
+        with torch.no_grad():
+            self.cls = model.class_vectors(None, batch, device)    # (N, D) class vectors, or None
+        self.fn = self.eager
+        if compile:
+            extra = [self.cls] if self.cls is not None else []
+            for buffer in [self.t, *(state.attn.S for state in self.layers), *extra]:
+                torch._dynamo.mark_static_address(buffer)
+            self.fn = torch.compile(self.eager, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+    def reset(self, labels=None):
+        """Back to position 0 with empty states and these labels' class vectors, in place."""
+        self.t.zero_()
+        if self.cls is not None:
+            with torch.no_grad():
+                self.cls.copy_(self.model.class_vectors(labels, self.batch, self.device))
+        for state in self.layers:
+            state.attn.S.zero_()
+        return self
+
+    def eager(self, token):                                 # token (N,) long -> (N, P)
+        h = self.model.embed(token, self.t)                 # (N, D)
+        if self.cls is not None:
+            h = h + self.cls
+        for block, state in zip(self.model.blocks, self.layers):
+            h = block.step(h, state)[0]
+        self.t += 1
+        return self.model.proj(self.model.ln_f(h))
+
+    def __call__(self, token):
+        return self.fn(token).clone()                       # a replay rewrites the graph's output buffer

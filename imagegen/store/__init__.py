@@ -1,0 +1,1 @@
+"""What is saved and loaded: run checkpoints (.pt, weights_only), shipped models (.safetensors + .json)."""

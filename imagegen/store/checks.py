@@ -1,0 +1,187 @@
+"""Checks of a loaded checkpoint that every command shares (eval, sample, export, compare and the
+resume of training), each failure one sentence of the form "PATH is damaged or was edited: WHAT;
+use another checkpoint ...":
+
+  check_path(path, hint)             a folder or a missing file, named as such (a folder's .pt files listed)
+  check_format(ck, path, current)    a newer or older format tag named as such
+  load_reason(e)                     why torch.load refused a file, in whole words
+  check_buildable(cfg, weights, path)  before allocating: attention options, the layer count against
+                                     the weights, the size against free memory
+  check_weights_fit(weights, model, path)  names and shapes against the built model
+  check_optimizer_fits(opt_state, optimizer, path)  groups, parameter count, moment shapes, hyperparameters
+  check_run_state(state, path)       types and ranges of the run state
+  check_resumable(ck, model, optimizer, path)  the last three, before a resume loads anything
+"""
+import inspect
+import math
+import re
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+
+MAX_STEP = 10 ** 9            # optimizer steps: far beyond any run; a larger count is an edited file
+MAX_ELAPSED = 10 ** 9         # seconds trained (about 32 years)
+
+
+def damaged(path, what):
+    return UserError(f"{path} is damaged or was edited: {what}; use another checkpoint, e.g. best.pt or last.pt "
+                     f"from the run folder.")
+
+
+def check_path(path, hint="checkpoint=PATH"):
+    """A UserError naming a folder as a folder (with the .pt files in it), or a missing file."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.pt"))
+        inside = (f"it holds {', '.join(found[:6])}{' ...' if len(found) > 6 else ''}; pass one of them, e.g. "
+                  f"{path / found[0]}" if found else "it holds no .pt file; pass the path of a .pt file")
+        raise UserError(f"checkpoint {path} is a folder, not a checkpoint file: {inside} ({hint}).")
+    if not path.is_file():
+        from . import shipped
+        raise UserError(f"checkpoint {path} does not exist; pass {hint} naming a .pt file written by imagegen-train "
+                        f"or a .safetensors file, or the name of a shipped model "
+                        f"({', '.join(shipped.names()) or 'none installed'}).")
+
+
+def check_format(ck, path, current):
+    """A dict whose format tag is another imagegen version's gets a sentence saying which."""
+    tag = ck.get("format") if isinstance(ck, dict) else None
+    if not isinstance(tag, str) or tag == current:
+        return
+    m, cur = re.fullmatch(r"imagegen/(\d+)", tag), int(current.split("/")[1])
+    if m and int(m.group(1)) > cur:
+        raise UserError(f"{path} was written by a newer imagegen (format {tag}; this version reads {current}); "
+                        f"upgrade imagegen to read it.")
+    if m:
+        raise UserError(f"{path} was written by an older imagegen (format {tag}; this version reads {current}), "
+                        f"whose checkpoints this version no longer reads; train again, or read it with the "
+                        f"imagegen version that wrote it.")
+
+
+def load_reason(e):
+    """Why torch.load refused a file, in whole words (never cut mid-word)."""
+    text = str(e).strip()
+    if "Weights only load failed" in text or "weights_only" in text:
+        m = re.search(r"(?:unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", text, re.IGNORECASE)
+        what = f"it asks to import {m.group(1)}" if m else "it holds Python objects beyond tensors and plain data"
+        return f"{what}, which a safe load (weights_only) refuses to run"
+    first = text.splitlines()[0] if text else type(e).__name__
+    if len(first) > 120:
+        first = first[:120].rsplit(" ", 1)[0].rstrip(",;:(") + " ..."
+    return first
+
+
+def layer_count(weights):
+    """The number of blocks the weights hold (distinct blocks.<i>. prefixes)."""
+    return len({name.split(".")[1] for name in weights if name.startswith("blocks.") and name.count(".") >= 2})
+
+
+def model_bytes(m):
+    """Float32 bytes of the parameters a model config asks for (the estimate of config.check_model)."""
+    d, ff = m["d_model"], m["d_ff"]
+    return 4 * (m["n_layers"] * (4 * d * d + 2 * d * ff) + 300 * d)
+
+
+def check_buildable(cfg, weights, path, memory_bytes=None):
+    """Before the model is built from a checkpoint's config: its attention takes the options named,
+    the config's layer count matches the weights', and the weights fit (twice over) in memory_bytes."""
+    from ..attention import ATTENTIONS
+    m = cfg["model"]
+    cls = ATTENTIONS.get(m["attention"])
+    if cls is not None:
+        takes = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "d_model", "n_heads")]
+        extra = sorted(set(m.get("attention_options") or {}) - set(takes))
+        if extra:
+            raise damaged(path, f"its config gives {m['attention']} attention the option(s) {', '.join(extra)}, "
+                                f"which it does not take (it takes: {', '.join(takes) or 'none'})")
+    held = layer_count(weights)
+    if held != m["n_layers"]:
+        raise damaged(path, f"its config asks for {m['n_layers']} layers but its weights hold {held}")
+    need = model_bytes(m)
+    if memory_bytes and 2 * need > memory_bytes:
+        raise damaged(path, f"its config describes a model of about {need / 2**30:.1f} GiB of weights, more than "
+                            f"the {memory_bytes / 2**30:.1f} GiB of free memory can build")
+
+
+def shape(t):
+    return "(" + ", ".join(map(str, t.shape)) + ")"
+
+
+def check_weights_fit(weights, model, path):
+    """The checkpoint's weights have the built model's names and shapes."""
+    own = model.state_dict()
+    missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    wrong = [f"{k} is {shape(weights[k])} where the model needs {shape(own[k])}"
+             for k in own if k in weights and weights[k].shape != own[k].shape]
+    problems = ([f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"] if missing else []) + \
+               ([f"unexpected {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"] if extra else []) + wrong[:2]
+    if problems:
+        raise damaged(path, f"its weights do not fit the architecture in its own config ({'; '.join(problems)})")
+
+
+def number(value, low=0.0, high=math.inf):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and low <= value <= high)
+
+
+def check_optimizer_fits(opt_state, optimizer, path):
+    """The checkpoint's optimizer state belongs to `optimizer`'s model: the same groups and parameter
+    counts, moments of the parameters' shapes, numeric hyperparameters."""
+    groups = optimizer.param_groups
+    saved = opt_state["param_groups"]
+    if len(saved) != len(groups):
+        raise damaged(path, f"its optimizer state has {len(saved)} parameter groups where the model has "
+                            f"{len(groups)}")
+    params = {}
+    for i, (g, s) in enumerate(zip(groups, saved)):
+        if not (isinstance(s, dict) and isinstance(s.get("params"), list)):
+            raise damaged(path, f"its optimizer's parameter group {i} lists no parameters")
+        if len(s["params"]) != len(g["params"]):
+            raise damaged(path, f"its optimizer state covers {len(s['params'])} parameters where the model has "
+                                f"{len(g['params'])}: it belongs to another model")
+        for key in ("lr", "weight_decay", "eps"):
+            if key in s and not number(s[key]):
+                raise damaged(path, f"its optimizer's {key} is {s[key]!r}, not a finite number >= 0")
+        betas = s.get("betas", (0.0, 0.0))
+        if not (isinstance(betas, (list, tuple)) and len(betas) == 2 and all(number(b, 0, 0.999999) for b in betas)):
+            raise damaged(path, f"its optimizer's betas are {betas!r}, not two numbers in [0, 1)")
+        params.update(zip(s["params"], g["params"]))
+    for pid, moments in opt_state["state"].items():
+        if pid not in params or not isinstance(moments, dict):
+            raise damaged(path, f"its optimizer state holds moments of parameter {pid!r}, which no group lists")
+        p = params[pid]
+        for key, value in moments.items():
+            if not isinstance(value, torch.Tensor):
+                raise damaged(path, f"its optimizer's {key} of parameter {pid} is not a tensor")
+            if key != "step" and value.shape != p.shape:
+                raise damaged(path, f"its optimizer's {key} of parameter {pid} is {shape(value)} where the "
+                                    f"parameter is {shape(p)}: it belongs to another model")
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise damaged(path, f"its optimizer's {key} of parameter {pid} holds NaN or inf")
+
+
+def check_run_state(state, path):
+    """Types and ranges of a checkpoint's run state (see runstate.RunState)."""
+    ints = {"step": MAX_STEP, "epoch": MAX_STEP, "seen": 10 ** 12}
+    for key, high in ints.items():
+        value = state.get(key, 0) if key == "seen" else state.get(key)
+        if key == "seen" and "seen" not in state and "batch" in state:
+            value = state["batch"]
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high):
+            raise damaged(path, f"its run state's {key} is {value!r}, not a whole number from 0 to {high:,}")
+    if not number(state.get("elapsed"), 0, MAX_ELAPSED):
+        raise damaged(path, f"its run state's elapsed is {state.get('elapsed')!r}, not a finite number of "
+                            f"seconds >= 0")
+    best = state.get("best_val")
+    if not (isinstance(best, (int, float)) and not isinstance(best, bool) and (best == math.inf or number(best))):
+        raise damaged(path, f"its run state's best_val is {best!r}, not bits/dim >= 0 (or inf before the first "
+                            f"validation)")
+
+
+def check_resumable(ck, model, optimizer, path):
+    """Before training resumes from `ck`: weights, optimizer state and run state all fit."""
+    check_weights_fit(ck["model"], model, path)
+    check_optimizer_fits(ck["optimizer"], optimizer, path)
+    check_run_state(ck["state"], path)

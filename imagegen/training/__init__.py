@@ -1,0 +1,1 @@
+"""The training loop and what keeps a run safe: run state, run folder, logs, signals, torchrun."""

@@ -1,0 +1,340 @@
+"""The training loop: step, schedule, budget. The pieces it calls live in their own homes:
+runstate (data order, position, budget), checkpoint (save, checked load), distributed (ranks,
+reductions), logs (metrics.jsonl, TensorBoard), signals (stop requests), bits_per_dim,
+lock (the run dir). Under torchrun every rank runs this; rank 0 alone writes.
+"""
+import copy
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from ..store import checkpoint
+from . import distributed, rundir
+from ..allocator import keep_freed_memory
+from ..store.checks import check_resumable
+from ..config import check_train
+from ..data.sets import dataset_info, load_from_config
+from ..errors import UserError
+from ..lock import folder_lock
+from .logs import RunLog
+from ..memory import available_bytes
+from ..model.transformer import build_model
+from ..ops import auto_impl_line
+from ..precision import autocast, bf16_reason, use_bf16
+from .runstate import Budget, DataOrder, RunState, step_seed
+from ..sampling.decode import generate, grid, to_images
+from ..bits_per_dim import LN2, bits_per_dim
+from .signals import StopRequest
+
+
+def make_optimizer(params, t):
+    kinds = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "radam": torch.optim.RAdam}
+    if t["optimizer"] not in kinds:
+        raise UserError(f"unknown optimizer {t['optimizer']!r}; choose one of {sorted(kinds)}.")
+    return kinds[t["optimizer"]](params, lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
+
+
+def learning_rate(t, step, elapsed):
+    """Linear warmup, then cosine decay to lr * min_lr_ratio over the step or time budget,
+    whichever runs out first."""
+    if step < t["warmup_steps"]:
+        return t["lr"] * (step + 1) / t["warmup_steps"]
+    progress = (step - t["warmup_steps"]) / max(1, t["max_steps"] - t["warmup_steps"])
+    if t["max_minutes"]:
+        progress = max(progress, elapsed / (60 * t["max_minutes"]))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return t["lr"] * (t["min_lr_ratio"] + (1 - t["min_lr_ratio"]) * cosine)
+
+
+def prepare_run_dir(cfg):
+    """Absolute run_dir and data.root (a checkpoint then works from any directory); run_dir a folder."""
+    run_dir = Path(cfg["run_dir"]).expanduser().resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run_dir {run_dir} is a file, not a folder; choose another run_dir=...")
+    cfg["run_dir"] = str(run_dir)
+    cfg["data"]["root"] = str(Path(cfg["data"]["root"]).expanduser().resolve())
+    return run_dir
+
+
+def train(cfg, device):
+    """Train per cfg (a plain dict), writing last.pt / best.pt / metrics.jsonl in cfg['run_dir'];
+    under torchrun, as one rank of the job. Returns the final RunState."""
+    world, device = distributed.setup(device)
+    try:
+        check_train(cfg, available_bytes(device))
+        if cfg["train"]["batch_size"] % world.size:
+            raise UserError(f"train.batch_size={cfg['train']['batch_size']} does not divide among {world.size} "
+                            f"processes; use a multiple of {world.size}.")
+        run_dir = prepare_run_dir(cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with folder_lock(run_dir) if world.main else nullcontext():
+            trainer = Trainer(cfg, device, world, run_dir)
+            try:
+                return trainer.run()
+            finally:
+                trainer.release()
+    except RuntimeError as e:                  # DDP's gradient all-reduce when another rank died
+        raise (distributed.lost(world, e) or e) from None
+    finally:
+        distributed.teardown(world)
+
+
+class Trainer:
+    def __init__(self, cfg, device, world, run_dir):
+        self.cfg, self.t, self.device, self.world, self.run_dir = cfg, cfg["train"], device, world, run_dir
+        t = self.t
+        self.dims = (cfg["model"]["d_model"], cfg["model"]["d_ff"])    # the products bf16=auto measures
+        self.bf16 = use_bf16(t["bf16"], device, dims=self.dims)
+        if device.type == "cpu":
+            keep_freed_memory()
+        (self.x_train, self.y_train), (x_val, y_val) = load_from_config(cfg["data"], ("train", "val"), labels=True)
+        self.x_val, self.y_val = x_val[: t["val_images"]], y_val[: t["val_images"]]
+        self.info = dataset_info(cfg["data"])
+        if cfg["data"]["name"] == "folder":          # kept in the checkpoints, for use without the folder
+            cfg["data"]["class_names"] = list(self.info.class_names)
+        classes = cfg["model"].get("num_classes", 0)
+        if classes and classes != self.info.num_classes:
+            raise UserError(f"model.num_classes={classes}, but {self.info.name} has {self.info.num_classes} classes; "
+                            f"set model.num_classes={self.info.num_classes} (or 0 for an unconditional model).")
+        if len(self.x_train) < t["batch_size"]:
+            raise UserError(f"the training split holds {len(self.x_train)} images, fewer than train.batch_size="
+                            f"{t['batch_size']}; lower the batch size or add data.")
+        torch.manual_seed(cfg["seed"])
+        self.model = build_model(cfg["model"], self.info).to(device)
+        self.opt = make_optimizer(self.model.parameters(), t)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False) if t["ema"] else None
+        self.state = RunState()
+        self.order = DataOrder(len(self.x_train), t["batch_size"], cfg["seed"], world)
+        self.budget = Budget(t["max_steps"], t["max_minutes"])
+        self.last = run_dir / "last.pt"
+        if world.main:                       # we hold the run_dir: temporary files there are a dead run's
+            for tmp in run_dir.glob(".*.tmp"):
+                tmp.unlink()
+            rundir.start(run_dir, cfg, resuming=t["resume"] and self.last.exists(), say=self.say)
+        self.log = RunLog(run_dir, tensorboard=t["tensorboard"], enabled=world.main)
+        if t["resume"] and self.last.exists():
+            self.resume()
+        self.prebuild_kernels()
+        # last, so that nothing raising in here leaves a DDP wrapper behind in a traceback (see `release`)
+        self.net = DistributedDataParallel(self.model) if world.distributed else self.model
+
+    def release(self):
+        """Drop the DDP wrapper, before `distributed.teardown`. Its reducer holds the process group:
+        freed after teardown (say, with a traceback holding this Trainer) it would destroy the group
+        holding the GIL, and wait forever for a gloo thread that needs the GIL to free a tensor."""
+        self.net = None
+
+    def say(self, text):
+        if self.world.main:
+            tqdm.write(text)
+
+    def resume(self):
+        ck = checkpoint.load(self.last)
+        checkpoint.check_training(ck, self.last)
+        changed = checkpoint.check_compatible(ck, self.cfg, self.last)
+        check_resumable(ck, self.model, self.opt, self.last)
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optimizer"])
+        if self.ema is not None:             # a run that turns the average on starts it from the weights
+            self.ema.load_state_dict(ck.get("ema", ck["model"]))
+        self.state = RunState.from_dict(ck["state"], ck["config"].get("train", self.t)["batch_size"])
+        self.log.truncate_after(self.state.step)
+        self.say(f"resuming {self.last} at step {self.state.step} ({self.state.elapsed / 60:.1f} min trained)"
+                 + (f"; changed since: {', '.join(changed)}" if changed else ""))
+
+    def prebuild_kernels(self):
+        """Build the C++ kernel (first use: a minute) now, so its time stays out of the budget and the rate."""
+        m = self.cfg["model"]
+        if (self.device.type == "cpu" and m["attention"] == "linear"
+                and m["attention_options"].get("impl", "auto") in ("auto", "kernel")):
+            from ..ops.kernel import ensure_kernel
+            ensure_kernel("cpu")
+
+    def save(self, name):
+        if self.world.main:
+            extra = {} if self.ema is None else {"ema": self.ema.state_dict()}
+            checkpoint.save(self.run_dir / name, {"config": self.cfg, "model": self.model.state_dict(), **extra,
+                                                  "optimizer": self.opt.state_dict(), "state": self.state.to_dict()})
+
+    @property
+    def inference_model(self):
+        """What validation, best.pt and sample grids judge: the average of the weights when train.ema is on."""
+        return self.model if self.ema is None else self.ema
+
+    @torch.no_grad()
+    def update_ema(self):
+        """ema = d ema + (1 - d) weights, with d ramping up as (1 + step) / (10 + step) to train.ema, so
+        that the average does not start out dominated by the random initial weights; buffers (a feature
+        map's random draw) are copied, never averaged."""
+        d = min(self.t["ema"], (1 + self.state.step) / (10 + self.state.step))
+        for avg, w in zip(self.ema.parameters(), self.model.parameters()):
+            avg.lerp_(w, 1 - d)
+        for kept, b in zip(self.ema.buffers(), self.model.buffers()):    # a feature map's random draw: the current one
+            kept.copy_(b)
+
+    def labels(self, idx):
+        """This rank's labels (N,) for a class-conditional model, each dropped (-1) with probability
+        train.label_dropout; None for an unconditional one. Which images of the global batch lose
+        their label depends on (seed, step) only, so any number of processes drops the same ones."""
+        if not self.model.num_classes:
+            return None
+        g = torch.Generator().manual_seed(step_seed(self.cfg["seed"], self.state.step, 0))
+        start, stop = self.world.shard(self.t["batch_size"])
+        drop = (torch.rand(self.t["batch_size"], generator=g) < self.t["label_dropout"])[start:stop]
+        return torch.where(drop, -1, self.y_train[idx]).to(self.device)
+
+    def validate(self):
+        labels = self.y_val if self.model.num_classes else None
+        bpd = bits_per_dim(self.inference_model, self.x_val, self.t["batch_size"], self.device, world=self.world,
+                           labels=labels)
+        row = {"val_bpd": bpd, "elapsed": self.state.elapsed}
+        if self.ema is not None:             # the raw weights too, so a run shows what the average gains
+            row["val_bpd_raw"] = bits_per_dim(self.model, self.x_val, self.t["batch_size"], self.device,
+                                              world=self.world, labels=labels)
+        self.log.scalars(self.state.step, row)
+        if bpd < self.state.best_val:
+            self.state.best_val = bpd
+            self.save("best.pt")
+        raw = f" (raw weights {row['val_bpd_raw']:.4f})" if "val_bpd_raw" in row else ""
+        self.say(f"step {self.state.step}: val bits/dim {bpd:.4f}{raw}" + (" (best.pt saved)" if
+                                                                              bpd == self.state.best_val else ""))
+
+    def sample(self):
+        """A small grid from the model as it stands (rank 0), seeded alike at every step for comparison."""
+        if not self.world.main:
+            return
+        n, model = self.t["sample_images"], self.inference_model
+        labels = torch.arange(n) % model.num_classes if model.num_classes else None     # classes in turn
+        seqs = generate(model, n, seed=self.cfg["seed"], batch_size=n, labels=labels)
+        self.model.train()
+        self.last_sample = self.state.elapsed
+        image = np.asarray(grid(to_images(seqs, self.info), nrow=math.ceil(math.sqrt(n)), scale=2))
+        path = self.log.image(self.state.step, "samples", image if image.ndim == 3 else image[..., None])
+        self.say(f"step {self.state.step}: samples {path}")
+
+    def header(self):
+        n_params = sum(p.numel() for p in self.model.parameters())
+        world = f", {self.world.size} processes" if self.world.distributed else ""
+        self.say(f"{self.cfg['model']['attention']} model, {n_params / 1e6:.2f}M parameters, {len(self.x_train)} "
+                 f"training images of {self.model.length} sub-pixels, device {self.device}{world}, "
+                 f"{bf16_reason(self.t['bf16'], self.device, self.dims)}, run dir {self.run_dir}")
+        if (line := auto_impl_line(self.cfg["model"], self.model.length, self.device, self.bf16)) is not None:
+            self.say(line)
+
+    def run(self):
+        state, t = self.state, self.t
+        self.header()
+        if self.budget.spent(state):
+            self.say(f"nothing to do: {self.last} already holds {state.step} steps; raise train.max_steps or "
+                     f"train.max_minutes to train on")
+            return state
+        self.model.train()
+        self.last_sample = state.elapsed                 # train.sample_minutes counts from here
+        progress = Progress(self, enabled=self.world.main)
+        with StopRequest() as stop:
+            while True:
+                tick = time.perf_counter()
+                idx = self.order.batch(state)
+                x = self.x_train[idx].to(self.device, non_blocking=True)
+                torch.manual_seed(step_seed(self.cfg["seed"], state.step, self.world.rank))
+                y = self.labels(idx)
+                with autocast(self.device, self.bf16):
+                    # model.nll through self.net, so that DDP hooks the forward and syncs the gradients
+                    loss = -self.model.head.log_prob(self.net(x, y).float(), x).mean()   # nats per sub-pixel
+                # every rank agrees on stopping (a signal anywhere, rank 0's budget) and on rank 0's clock
+                signalled, spent, bad, elapsed = distributed.max_(self.world, [
+                    stop.signal is not None, self.world.main and self.budget.spent(state),
+                    not torch.isfinite(loss).item(), state.elapsed if self.world.main else 0.0])
+                state.elapsed = elapsed
+                if bad:
+                    raise UserError(f"the loss became non-finite at step {state.step}; lower train.lr or raise "
+                                    f"train.warmup_steps, then resume from {self.last} or start over.")
+                if signalled or spent:
+                    break
+                lr = learning_rate(t, state.step, state.elapsed)
+                for group in self.opt.param_groups:
+                    group["lr"] = lr
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if t["grad_clip"]:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), t["grad_clip"])
+                self.opt.step()
+                if self.ema is not None:
+                    self.update_ema()
+                state.step += 1
+                self.order.advance(state)                     # the batch counts once it is trained on
+                state.elapsed += time.perf_counter() - tick
+                progress.step(loss, lr, x.numel() * self.world.size)
+                self.at_step_end()
+        progress.close()
+        if signalled:
+            self.save("last.pt")
+            self.say(f"stopped by {stop.signal or 'another process'} at step {state.step}: saved {self.last}; "
+                     f"run the same command again to resume")
+            self.log.close()
+            raise KeyboardInterrupt
+        if state.step % t["val_every"]:
+            self.validate()
+        self.save("last.pt")
+        self.log.close()
+        self.say(f"done: {state.step} steps in {state.elapsed / 60:.1f} min; best val bits/dim "
+                 f"{state.best_val:.4f}; checkpoints {self.run_dir}/last.pt and best.pt")
+        return state
+
+    def at_step_end(self):
+        step, t = self.state.step, self.t
+        if step % t["val_every"] == 0:
+            self.validate()
+        by_time = t["sample_minutes"] and self.state.elapsed - self.last_sample >= 60 * t["sample_minutes"]
+        if (t["sample_every"] and step % t["sample_every"] == 0) or by_time:
+            self.sample()
+        if step % t["save_every"] == 0:
+            self.save("last.pt")
+            self.say(f"step {step}: saved {self.last}")
+
+
+class Progress:
+    """The progress bar (its total follows whichever budget binds), or a one-line log every 30 s
+    with train.progress=false; metrics rows every train.log_every steps. Rank 0 only."""
+
+    def __init__(self, trainer, enabled):
+        self.tr, self.enabled = trainer, enabled
+        state = trainer.state
+        # a time budget's step count is known after the first step: no total (and no ETA) until then
+        total = None if trainer.budget.max_seconds else trainer.budget.max_steps
+        self.bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True,
+                        disable=not (enabled and trainer.t["progress"]))
+        self.start_step, self.start_elapsed = state.step, state.elapsed
+        self.window_tokens, self.window_start, self.last_print = 0, time.perf_counter(), 0.0
+
+    def step(self, loss, lr, tokens):
+        tr, state = self.tr, self.tr.state
+        self.window_tokens += tokens
+        rate = (state.elapsed - self.start_elapsed) / max(1, state.step - self.start_step)
+        self.bar.total = tr.budget.expected_total(state, rate)
+        self.bar.update(1)
+        if state.step % tr.t["log_every"]:
+            return
+        loss = distributed.sum_(tr.world, [loss.item()])[0] / tr.world.size      # the global batch's mean
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        tps = self.window_tokens / (now - self.window_start)
+        self.window_tokens, self.window_start = 0, now
+        bpd = loss / LN2
+        self.bar.set_postfix(loss=f"{loss:.4f}", bpd=f"{bpd:.4f}", tok_s=f"{tps:.0f}", min=f"{state.elapsed / 60:.1f}")
+        tr.log.scalars(state.step, {"loss": loss, "bpd": bpd, "lr": lr, "tokens_per_s": tps,
+                                    "elapsed": state.elapsed})
+        if not tr.t["progress"] and now - self.last_print >= 30:
+            self.last_print = now
+            print(f"step {state.step}/{self.bar.total}: loss {loss:.4f}, bits/dim {bpd:.4f}, {tps:.0f} tokens/s, "
+                  f"{state.elapsed / 60:.1f} min", flush=True)
+
+    def close(self):
+        self.bar.close()

@@ -12,7 +12,7 @@ import torch
 
 from imagegen import ops
 from imagegen.ops import kernel as kernel_mod
-from imagegen.ops.causal_linear import causal_product_reference
+from imagegen.ops.causal_linear import causal_product_reference, linear_attention_reference
 from fixtures import skip_without_cpu_kernel
 
 CPU_IMPLS = ["cumsum", "chunked", "kernel", "auto"]
@@ -207,14 +207,6 @@ def test_mixed_dtypes_and_unknown_impl_raise_value_error():
 
 # ---- the model's attention: phi applied inside (fused on the CPU) -------------------------
 
-def linear_reference(q, k, v):
-    """Normalised attention of raw q, k through phi and the quadratic reference product."""
-    qf, kf = ops.phi(q), ops.phi(k)
-    num = causal_product_reference(qf, kf, v)
-    den = causal_product_reference(qf, kf, torch.ones_like(v[..., :1]))
-    return num / (den + ops.EPS)
-
-
 def make_raw_qkv(*shape, seed=0):
     """Signed q, k spread over both branches of phi (elu's exp side and the linear side)."""
     q, k, v = make_qkv(*shape, seed=seed)
@@ -229,7 +221,7 @@ def test_impl_matches_reference_float64(op, impl, shape, request):
     if impl == "kernel":
         request.getfixturevalue("cpu_kernel")
     make, reference = (make_qkv, causal_product_reference) if op == "causal_product" else \
-        (make_raw_qkv, linear_reference)
+        (make_raw_qkv, linear_attention_reference)
     q, k, v = make(*shape)
     got = out_and_grads(lambda *t: getattr(ops, op)(*t, impl=impl), q, k, v)
     assert_close_all(got, out_and_grads(reference, q, k, v), rtol=1e-9, atol=1e-10)
@@ -246,7 +238,7 @@ def test_fused_kernel_reads_views_of_one_projection_and_writes_heads_last(cpu_ke
     q, k, v = (t.view(N, L, H, E).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
     assert q.stride(-1) == 1 and not q.is_contiguous()
     got = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), q, k, v)
-    assert_close_all(got, out_and_grads(linear_reference, q, k, v), rtol=1e-9, atol=1e-10)
+    assert_close_all(got, out_and_grads(linear_attention_reference, q, k, v), rtol=1e-9, atol=1e-10)
     assert ops.linear_attention(q, k, v, impl="kernel").transpose(1, 2).is_contiguous()  # merge is a view
 
 
@@ -261,7 +253,7 @@ def test_linear_attention_qkv_is_split_attention_merged(impl, request):
 
     def split_reference(x):
         q, k, v = (t.view(N, L, H, E).transpose(1, 2) for t in x.chunk(3, dim=-1))
-        return linear_reference(q, k, v).transpose(1, 2).reshape(N, L, H * E)
+        return linear_attention_reference(q, k, v).transpose(1, 2).reshape(N, L, H * E)
 
     g = torch.randn(N, L, H * E, dtype=torch.float64)
     got = ops.linear_attention_qkv(qkv, H, impl=impl)
@@ -294,14 +286,14 @@ def test_fused_kernel_float32_close_to_float64_with_extreme_inputs(cpu_kernel):
     k[0, 1, 100:] += 40         # large keys
     got = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), *(t.float() for t in (q, k, v)))
     assert got[0].dtype == torch.float32 and all(torch.isfinite(t).all() for t in got)
-    assert_close_all(got, out_and_grads(linear_reference, q, k, v), rtol=1e-4, atol=1e-4)
+    assert_close_all(got, out_and_grads(linear_attention_reference, q, k, v), rtol=1e-4, atol=1e-4)
 
 
 def test_fused_kernel_only_some_inputs_need_grad(cpu_kernel):
     q, k, v = make_raw_qkv(1, 2, 10, 3, 4)
     k.requires_grad_()
     (gk,) = torch.autograd.grad(ops.linear_attention(q, k, v, impl="kernel").sum(), k)
-    (gk_ref,) = torch.autograd.grad(linear_reference(q, k, v).sum(), k)
+    (gk_ref,) = torch.autograd.grad(linear_attention_reference(q, k, v).sum(), k)
     torch.testing.assert_close(gk, gk_ref)
 
 

@@ -22,7 +22,8 @@ import torch
 from imagegen import ops
 from imagegen.attention.linear import LinearAttention
 from imagegen.ops import kernel as kernel_mod, triton_linear
-from test_ops import linear_reference, make_raw_qkv, out_and_grads
+from imagegen.ops.causal_linear import linear_attention_reference
+from test_ops import make_raw_qkv, out_and_grads
 
 try:
     import triton  # noqa: F401
@@ -93,7 +94,7 @@ def test_forward_backward_match_float64_reference(shape, device):
     *dims, chunk = shape
     low, wide = rounded(dims, torch.float32, device)
     got = out_and_grads(lambda *t: triton_linear.linear_attention_triton(*t, eps=ops.EPS, chunk=chunk), *low)
-    check(got, out_and_grads(linear_reference, *wide), torch.float32)
+    check(got, out_and_grads(linear_attention_reference, *wide), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -101,14 +102,14 @@ def test_half_precision_inputs_sum_in_float32(dtype, device):
     needs(device, dtype)
     low, wide = rounded((2, 2, 40, 32, 32), dtype, device, seed=1)
     got = out_and_grads(lambda *t: triton_linear.linear_attention_triton(*t, eps=ops.EPS, chunk=16), *low)
-    check(got, out_and_grads(linear_reference, *wide), dtype)
+    check(got, out_and_grads(linear_attention_reference, *wide), dtype)
 
 
 def test_longer_sequence_float32(device):
     """Many chunks carry the state: L = 300 (chunk 64, a tail of 44) at the model's head dim 32."""
     low, wide = rounded((1, 2, 300, 32, 32), torch.float32, device, seed=2)
     got = out_and_grads(lambda *t: triton_linear.linear_attention_triton(*t, eps=ops.EPS), *low)
-    check(got, out_and_grads(linear_reference, *wide), torch.float32)
+    check(got, out_and_grads(linear_attention_reference, *wide), torch.float32)
 
 
 def test_strided_views_of_one_projection_and_packed_form(device):
@@ -119,7 +120,8 @@ def test_strided_views_of_one_projection_and_packed_form(device):
     q, k, v = (t.view(N, L, H, E).transpose(1, 2) for t in qkv.to(device, torch.float32).chunk(3, dim=-1))
     assert q.stride(-1) == 1 and not q.is_contiguous()
     got = out_and_grads(lambda *t: ops.linear_attention(*t, impl="triton"), q, k, v)
-    want = out_and_grads(linear_reference, *(t.view(N, L, H, E).transpose(1, 2) for t in qkv.chunk(3, dim=-1)))
+    heads = (t.view(N, L, H, E).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+    want = out_and_grads(linear_attention_reference, *heads)
     check(got, want, torch.float32)
     assert got[0].transpose(1, 2).is_contiguous()                      # heads merge as a view
 
@@ -128,7 +130,7 @@ def test_strided_views_of_one_projection_and_packed_form(device):
     out = ops.linear_attention_qkv(x, H, impl="triton")
     (grad,) = torch.autograd.grad(out, x, g.to(device, torch.float32))
     xr = qkv.clone().requires_grad_()
-    ref = linear_reference(*(t.view(N, L, H, E).transpose(1, 2) for t in xr.chunk(3, dim=-1)))
+    ref = linear_attention_reference(*(t.view(N, L, H, E).transpose(1, 2) for t in xr.chunk(3, dim=-1)))
     ref = ref.transpose(1, 2).reshape(N, L, H * E)
     (grad_ref,) = torch.autograd.grad(ref, xr, g)
     torch.testing.assert_close(out.double().cpu(), ref.detach(), rtol=1e-4, atol=1e-5)
@@ -145,7 +147,7 @@ def test_decoding_step_over_a_sequence_equals_forward(dtype, device):
     state = torch.zeros(N * H, E, M + 1, device=device, dtype=torch.float32)
     steps = torch.cat([triton_linear.triton_step(*(t[:, :, i:i + 1] for t in low), state, ops.EPS)
                        for i in range(L)], dim=2)
-    want = linear_reference(*wide)
+    want = linear_attention_reference(*wide)
     err = (steps.double().cpu() - want).abs().max().item() / want.abs().max().item()
     assert steps.dtype == dtype and err < TOL[dtype], f"step outputs: error {err:.2e}"
     kf = ops.phi(wide[1])

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from .. import probe
 
-from .causal_linear import (check_qkv, causal_product_chunked, causal_product_cumsum,
-                            causal_product_reference)
+from .causal_linear import (EPS, check_qkv, causal_product_chunked, causal_product_cumsum, causal_product_reference,
+                            linear_attention_reference)
 from .gated_linear import gated_chunked, gated_reference, gated_step
 from .kernel import (DecodeHead, DecodeLayer, causal_product_kernel, decode_step, fused_state, fused_step,
                      kernel_error, kernel_unsupported, linear_attention_kernel, load_kernel, warn_fallback)
@@ -31,7 +31,6 @@ from .triton_linear import linear_attention_triton, triton_error, triton_step, t
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "triton", "auto")
 TRITON_DEVICES = ("cuda",)  # device types where "auto" runs `linear_attention` through Triton
 CPU_KERNEL_MAX_DIM = 193  # auto on CPU with grad: kernel up to head dim 192 (+ the ones column)
-EPS = 1e-6  # added to the denominator phi(q_i) . sum_{j<=i} phi(k_j), which is > 0 for elu+1
 
 
 def default_chunk_size(q):

@@ -1,10 +1,14 @@
 """Causal linear attention in pure PyTorch: a quadratic reference, a cumsum form and a
 chunked form. Shape letters: N batch, H heads, L length, E query/key dim, M value dim.
 
-All functions take feature-mapped queries and keys (phi already applied, non-negative)
-and compute the causal numerator  V'_i = sum_{j<=i} (q_i . k_j) v_j.
+The causal_product_* functions take feature-mapped queries and keys (phi already applied,
+non-negative) and compute the causal numerator  V'_i = sum_{j<=i} (q_i . k_j) v_j;
+`linear_attention_reference` is the whole normalised attention on raw q, k, written as plainly as
+possible: what every fast form (chunked, the C++ kernels, Triton) is tested against in float64.
 """
 import torch
+
+EPS = 1e-6  # added to the denominator phi(q_i) . sum_{j<=i} phi(k_j), which is > 0 for elu+1
 
 
 def check_qkv(q, k, v):
@@ -26,6 +30,15 @@ def causal_product_reference(q, k, v):
     scores = torch.einsum("nhle,nhse->nhls", q, k)
     mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
     return torch.einsum("nhls,nhsm->nhlm", scores.masked_fill(~mask, 0), v)
+
+
+def linear_attention_reference(q, k, v, eps=EPS):
+    """phi(q_i) . sum_{j<=i} phi(k_j) v_j^T / (phi(q_i) . sum_{j<=i} phi(k_j) + eps), phi = elu + 1,
+    by the quadratic product: raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M)."""
+    qf, kf = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    num = causal_product_reference(qf, kf, v)
+    den = causal_product_reference(qf, kf, torch.ones_like(v[..., :1]))
+    return num / (den + eps)
 
 
 def causal_product_cumsum(q, k, v):

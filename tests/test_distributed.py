@@ -140,7 +140,7 @@ def test_sigterm_to_the_job_stops_every_rank_at_one_step(mnist_root, tmp_path):
 # teardown runs while a traceback holds the trainer
 TEARDOWN_PROBE = """
 import os, sys
-from imagegen import distributed, trainer
+from imagegen.training import distributed, trainer
 from imagegen.commands.train import main
 
 def gloo_threads():

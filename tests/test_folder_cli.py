@@ -65,7 +65,7 @@ def test_prepare_errors_are_one_sentence(tmp_path):
 
 SLOW_CONVERT = """
 import sys, time
-from imagegen import folder, source
+from imagegen.data import folder, source
 real = folder.convert
 def slow(job):
     time.sleep(0.05)

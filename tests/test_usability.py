@@ -70,8 +70,9 @@ def test_help_does_not_import_torch():
     """--help answers from the typed configs (a second), not after torch's import (several)."""
     import subprocess
     import sys
-    code = ("import sys\nfrom imagegen import commands\nfor name in ('train', 'eval', 'sample', 'bench', 'plot', "
-            "'export', 'convert'):\n    sys.argv = ['imagegen-' + name, '--help']\n    getattr(commands, name)()\n"
+    code = ("import sys\nfrom imagegen.commands import scripts\n"
+            "for name in ('train', 'eval', 'sample', 'bench', 'plot', 'export', 'convert'):\n"
+            "    sys.argv = ['imagegen-' + name, '--help']\n    getattr(scripts, name)()\n"
             "print('torch imported:', 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.count("options (key: type = default; meaning):") == 7

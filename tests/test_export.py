@@ -6,6 +6,7 @@ IMAGEGEN_REQUIRE_BROWSER is unset; CI sets it, so there they fail instead."""
 import base64
 import contextlib
 import io
+import json
 import os
 from urllib.parse import urlparse
 
@@ -30,14 +31,16 @@ MARGIN = 1e-5   # uniforms closer than this (as a share of the total mass) to a 
 
 def tiny_checkpoint(path, head="mixture", dataset="mnist", attention="linear", data_root=None, seed=0, num_classes=0):
     """A checkpoint as imagegen-train writes it, of a tiny model with weights perturbed well away
-    from their initialisation (so the distributions are far from uniform); num_classes > 0: class-conditional."""
+    from their initialisation (so the distributions are far from uniform); num_classes > 0: class-conditional.
+    dataset: a name, or a data section of its own (data=folder at any size)."""
     torch.manual_seed(seed)
     options = {"n_buckets": 4, "chunk_size": 4} if attention == "lsh" else {}
     model_cfg = {"attention": attention, "attention_options": options, "n_layers": 2, "d_model": 32, "n_heads": 4,
                  "d_ff": 64, "head": head, "n_mixtures": 5, "dropout": 0.0, "num_classes": num_classes}
-    data_cfg = {"name": dataset, "root": str(data_root or path.parent / "no-data"), "download": False,
-                "val_fraction": 0.05, "split_seed": 0}
-    model = build_model(model_cfg, dataset_info(dataset))
+    data_cfg = dataset if isinstance(dataset, dict) else {
+        "name": dataset, "root": str(data_root or path.parent / "no-data"), "download": False, "val_fraction": 0.05,
+        "split_seed": 0}
+    model = build_model(model_cfg, dataset_info(data_cfg))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -179,6 +182,25 @@ def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset,
     assert (got - expected).abs().max() < 1e-4
     assert expected.abs().max() > 1                        # parameters of a real size, not all ~0
     assert page.errors == []
+
+
+@pytest.mark.slow
+def test_page_draws_a_64x64_colour_image_as_python_does(browser, serve, tmp_path):
+    """12,288 sub-pixels (data=folder data.image_size=64, colour): the page's recurrent sampler
+    draws, from the same uniforms, the bytes Python's draws."""
+    data = {"name": "folder", "root": str(tmp_path / "no-images"), "image_size": 64, "channels": 3}
+    ck = tiny_checkpoint(tmp_path / "tiny64.pt", head="categorical", dataset=data)
+    model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
+    assert model.length == 12288
+    u, py64, moved = safe_uniforms(model, torch.rand(1, model.length, generator=torch.Generator().manual_seed(2)))
+    assert moved < 0.05
+    site = export_site(ck, tmp_path / "site")
+    assert json.loads((site / "config.json").read_text())["length"] == 12288
+    page = open_page(browser, serve(site) + "?autostart=0")
+    js = torch.tensor(run_in_page(page, n=1, temperature=1.0, uniforms=u.flatten().tolist())["bytes"],
+                      dtype=torch.uint8)
+    assert torch.equal(js, py64), f"first differing position {(js != py64).nonzero()[:1].tolist()}"
+    assert len(set(js.flatten().tolist())) > 100 and page.errors == []
 
 
 @pytest.mark.slow

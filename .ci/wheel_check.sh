@@ -44,7 +44,7 @@ test -f "$work/run/last.pt" || { echo "wheel_check: no checkpoint written" >&2; 
 "$py" - "$work/venv" <<'PY'
 import sys
 import imagegen
-from imagegen import shipped
+from imagegen.store import shipped
 assert str(shipped.SHIPPED).startswith(sys.argv[1]), f"shipped models come from {shipped.SHIPPED}, not the wheel"
 model = imagegen.load("mnist-linear")
 images = model.generate(labels=[3], n=2, seed=0)

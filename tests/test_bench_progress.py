@@ -72,4 +72,5 @@ def test_sampling_rows_are_written_as_they_come_and_a_stopped_run_keeps_them(tmp
     assert "[2/3 " in out and "left]" in out
     saved = json.loads((tmp_path / "s.json").read_text())
     assert saved["partial"] is True and [r["batch"] for r in saved["results"]] == [1, 2]
+    assert all(r["limit_share"] > 0 for r in saved["results"])          # the RNN's share of its step limit
     assert "| linear-recurrent | float32 | 2 |" in (tmp_path / "s.md").read_text()

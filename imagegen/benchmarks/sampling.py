@@ -30,6 +30,7 @@ from ..sampling.decode import draw_step, fill_step, recompute_step
 from .. import plots
 from .progress import Progress
 from .report import machine, markdown_table
+from .step_limit import limit_share
 
 METHODS = {  # name: (attention, sampler)
     "linear-recurrent": ("linear", "step"),
@@ -180,6 +181,9 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
                 row = row_of(name, precision, batch, positions, lat[precision], model.length, cfg["probe_positions"])
                 if precision in whole:
                     row["whole_image_seconds"] = whole[precision]
+                if name == "linear-recurrent":              # constant work per step: one limit for all positions
+                    step = float(np.mean(lat[precision]))
+                    row["limit_share"] = limit_share(model, batch, step, getattr(torch, precision))
                 results.append(row)
                 curves[precision][(name, batch)] = lat[precision]
                 lines.append(f"{name:18s} {precision:8s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "
@@ -237,10 +241,13 @@ def report(result, cfg, arch_name, info, model_cfg):
             ("batch1_whole_image_seconds", "batch-1 s/image (one whole image)", "{:.3g}"),
             ("batch1_whole_vs_float32", "one whole image x float32", "{:.2f}"),
             ("step_ms_first", "step ms @0", "{:.2f}"), ("step_ms_last", "step ms @D-1", "{:.2f}"),
-            ("latency_growth", "step latency @" + "/@".join(map(str, cfg["probe_positions"][::-1])), "{:.2f}")]
+            ("latency_growth", "step latency @" + "/@".join(map(str, cfg["probe_positions"][::-1])), "{:.2f}"),
+            ("limit_share", "share of limit", "{:.0%}")]
     header = (f"Sampling speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
               f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), "
-              f"{' and '.join(result['precisions'])} products (x slowest, linear is x faster: within one precision).\n"
+              f"{' and '.join(result['precisions'])} products (x slowest, linear is x faster: within one precision; "
+              f"share of limit: the RNN step's time against its products at this CPU's measured FLOP/s plus its "
+              f"weights and state at the measured bandwidth, benchmarks/step_limit.py).\n"
               f"Machine: {machine()}.\n\n")
     md = header + markdown_table(result["best"], cols)
     per_batch = [("method", "method", None), ("precision", "precision", None), ("batch", "batch", None),

@@ -13,6 +13,7 @@ from ..memory import check_request_fits
 from ..ops.kernel import prebuilt_only
 from ..precision import dtype_name, model_dims, precision_reason, resolve_precision, slow_bf16_note
 from ..sampling.decode import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
+from ..sampling.threads import choose_threads
 
 
 def grid_labels(cfg, model):
@@ -49,12 +50,16 @@ def run_sample(cfg, device):
     guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
     common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
                   progress=cfg["progress"], dtype=dtype, guidance=guidance)
+    def pick_threads(n):                     # threads=0: measured at the batch the loop will run
+        if device.type == "cpu" and not cfg["threads"] and sampler == "step":
+            print(choose_threads(model, min(cfg["batch_size"], n), dtype)[1])
     out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":
         labels, n = grid_labels(cfg, model)
         nrow = cfg["nrow"]
+        pick_threads(n)
         seqs = generate(model, n, desc=f"{label} sampling", labels=labels, **common)
         images = to_images(seqs, info)
     else:                                    # mode=complete (check_sample allows no other)
@@ -64,6 +69,7 @@ def run_sample(cfg, device):
         keep = info.height // 2
         prefix = originals[:, : keep * info.width * info.channels].repeat_interleave(k, dim=0)
         labels = classes.repeat_interleave(k) if model.num_classes and cfg["labels"] not in ("none", None) else None
+        pick_threads(len(prefix))
         seqs = generate(model, len(prefix), prefix=prefix, desc=f"{label} completing", labels=labels, **common)
         completions = to_images(seqs, info).reshape(len(originals), k, info.height, info.width, info.channels)
         images = completion_rows(to_images(originals, info), completions, keep)

@@ -1,0 +1,45 @@
+"""How many CPU threads the step sampler uses when the user leaves threads=0: measured, not assumed.
+
+A decoding step is a few small products; torch's threads meet at the end of each one. On a machine
+whose other cores are busy, one of them waits for a core at every product, and a step with two
+threads took 20-40x as long as with one (docs/speed.md). So, before sampling, a few steps are timed
+at the batch in use with torch's default thread count and with one thread, and the faster is kept
+(a fraction of a second; the machine's load changes, so the answer is not cached).
+"""
+import time
+
+import torch
+
+STEPS = 4          # timed steps per thread count, after one untimed
+
+
+def step_seconds(model, batch, dtype, threads):
+    """Median seconds of one decoding step at this batch with this many torch threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            state = model.init_state(batch, next(model.parameters()).device, dtype)
+            token = torch.zeros(batch, dtype=torch.long)
+            model.step(token, state)
+            times = []
+            for _ in range(STEPS):
+                begin = time.perf_counter()
+                model.step(token, state)
+                times.append(time.perf_counter() - begin)
+        return sorted(times)[len(times) // 2]
+    finally:
+        torch.set_num_threads(before)
+
+
+def choose_threads(model, batch, dtype=None):
+    """Set torch's thread count to the faster of its default and 1 for this model's step at this
+    batch; returns (threads, a line saying what was measured)."""
+    default = torch.get_num_threads()
+    if default == 1:
+        return 1, "threads=0: torch uses 1 thread on this machine"
+    many, one = step_seconds(model, batch, dtype, default), step_seconds(model, batch, dtype, 1)
+    threads = 1 if one < many else default
+    torch.set_num_threads(threads)
+    return threads, (f"threads=0: {threads} thread{'s' if threads > 1 else ''} (a step at batch {batch} measured "
+                     f"{many * 1e3:.1f} ms with {default} threads, {one * 1e3:.1f} ms with 1; threads=N sets it)")

@@ -1,0 +1,37 @@
+"""threads=0 for the step sampler: the faster of torch's default thread count and one, measured."""
+import pytest
+import torch
+
+from imagegen.model.transformer import PixelTransformer
+from imagegen.sampling import threads
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny():
+    return PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32).eval()
+
+
+@pytest.mark.parametrize("two, one, want", [(0.040, 0.002, 1), (0.002, 0.004, 2)])
+def test_the_faster_thread_count_is_kept_and_said(monkeypatch, two_threads, two, one, want):
+    monkeypatch.setattr(threads, "step_seconds", lambda model, batch, dtype, n: one if n == 1 else two)
+    chosen, line = threads.choose_threads(tiny(), 8)
+    assert chosen == want == torch.get_num_threads()
+    assert f"{two * 1e3:.1f} ms with 2 threads, {one * 1e3:.1f} ms with 1" in line and "threads=N sets it" in line
+
+
+def test_a_real_measurement_restores_the_thread_count(two_threads):
+    seconds = threads.step_seconds(tiny(), 3, None, 1)
+    assert seconds > 0 and torch.get_num_threads() == 2
+
+
+def test_one_thread_machines_measure_nothing(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(threads, "step_seconds", lambda *a: pytest.fail("measured on a 1-thread machine"))
+    assert threads.choose_threads(tiny(), 8)[0] == 1

@@ -23,6 +23,15 @@ os.environ["IMAGEGEN_DATA_MIRROR"] = "http://127.0.0.1:9/"
 os.environ["IMAGEGEN_PROBE"] = "0"
 
 
+@pytest.fixture(autouse=True)
+def kernel_compiles_again():
+    """imagegen-sample's prebuilt_only() is a process-wide switch: a command run in-process
+    (tests/commands.call) must not leave the C++ kernel's compile off for the tests after it."""
+    yield
+    from imagegen.ops import kernel
+    kernel._compile[0] = True
+
+
 @pytest.fixture(scope="session")
 def mnist_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("mnist")

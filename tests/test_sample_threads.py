@@ -6,6 +6,11 @@ from imagegen.model.transformer import PixelTransformer
 from imagegen.sampling import threads
 
 
+@pytest.fixture(autouse=True)
+def probes_on(monkeypatch):
+    monkeypatch.setenv("IMAGEGEN_PROBE", "1")        # conftest turns measured choices off for the other tests
+
+
 @pytest.fixture
 def two_threads():
     before = torch.get_num_threads()
@@ -35,3 +40,18 @@ def test_one_thread_machines_measure_nothing(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setattr(threads, "step_seconds", lambda *a: pytest.fail("measured on a 1-thread machine"))
     assert threads.choose_threads(tiny(), 8)[0] == 1
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_measuring(monkeypatch):
+    from imagegen.errors import UserError
+    monkeypatch.setattr(threads, "step_seconds", lambda *a: pytest.fail("measured a batch that cannot fit"))
+    model = PixelTransformer(16, 1, 4, "softmax", n_layers=1, d_model=16, n_heads=2, d_ff=32).eval()
+    with pytest.raises(UserError, match="lower batch_size"):
+        threads.choose_threads(model, 10 ** 12)
+
+
+def test_probes_off_keep_the_default(monkeypatch, two_threads):
+    monkeypatch.setenv("IMAGEGEN_PROBE", "0")
+    monkeypatch.setattr(threads, "step_seconds", lambda *a: pytest.fail("measured with probes off"))
+    chosen, line = threads.choose_threads(tiny(), 8)
+    assert chosen == 2 and "IMAGEGEN_PROBE=0: not measured" in line

@@ -51,7 +51,7 @@ def run_sample(cfg, device):
     common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
                   progress=cfg["progress"], dtype=dtype, guidance=guidance)
     def pick_threads(n):                     # threads=0: measured at the batch the loop will run
-        if device.type == "cpu" and not cfg["threads"] and sampler == "step":
+        if device.type == "cpu" and not cfg.get("threads") and sampler == "step":
             print(choose_threads(model, min(cfg["batch_size"], n), dtype)[1])
     out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
     out.parent.mkdir(parents=True, exist_ok=True)

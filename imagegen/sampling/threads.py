@@ -4,11 +4,15 @@ A decoding step is a few small products; torch's threads meet at the end of each
 whose other cores are busy, one of them waits for a core at every product, and a step with two
 threads took 20-40x as long as with one (docs/speed.md). So, before sampling, a few steps are timed
 at the batch in use with torch's default thread count and with one thread, and the faster is kept
-(a fraction of a second; the machine's load changes, so the answer is not cached).
+(a fraction of a second; the machine's load changes, so the answer is not cached). IMAGEGEN_PROBE=0,
+which turns every measured choice off (`imagegen.probe`), keeps torch's default.
 """
 import time
 
 import torch
+
+from .. import probe
+from ..memory import check_batch_fits
 
 STEPS = 4          # timed steps per thread count, after one untimed
 
@@ -34,10 +38,14 @@ def step_seconds(model, batch, dtype, threads):
 
 def choose_threads(model, batch, dtype=None):
     """Set torch's thread count to the faster of its default and 1 for this model's step at this
-    batch; returns (threads, a line saying what was measured)."""
+    batch; returns (threads, a line saying what was measured). A batch whose state cannot fit is
+    refused here, in the sampler's own sentence, before anything is allocated."""
+    check_batch_fits(model, batch, "step", next(model.parameters()).device)
     default = torch.get_num_threads()
     if default == 1:
         return 1, "threads=0: torch uses 1 thread on this machine"
+    if not probe.enabled():
+        return default, f"threads=0: torch's default of {default} threads (IMAGEGEN_PROBE=0: not measured)"
     many, one = step_seconds(model, batch, dtype, default), step_seconds(model, batch, dtype, 1)
     threads = 1 if one < many else default
     torch.set_num_threads(threads)

@@ -98,6 +98,9 @@ class TrainOptions:
                           "sampling then use (0: off; 0.999 averages over about the last 1,000 steps)")
     tensorboard: Any = opt("auto", "TensorBoard event files in run_dir: auto (when the tensorboard package is "
                                    "installed), true or false")
+    init: Optional[str] = opt(None, "start a new run from these weights instead of random ones: a .pt checkpoint, "
+                                    "a .safetensors model or a shipped name (mnist-linear); the model settings must "
+                                    "be its own; a resumed run keeps its own weights")
     resume: bool = opt(True, "continue from run_dir/last.pt when it exists")
     overwrite: bool = opt(False, "with resume=false, start over in a run_dir that holds checkpoints (the old run's "
                                  "files are moved into run_dir/replaced-<time>/)")

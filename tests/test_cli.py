@@ -121,3 +121,25 @@ def test_bench_attention_and_train_step_tables(tmp_path):
     assert "| mnist | 20 | bfloat16 | linear |" in (tmp_path / "train_step.md").read_text()
     bad = run("imagegen-bench", "mode=attention", "attention_dtypes=[float16]", f"out_dir={tmp_path}", check=False)
     one_line_error(bad, "unknown dtype 'float16' in attention_dtypes")
+
+
+def test_train_init_starts_from_given_weights(mnist_root, tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    base = ["model=linear", f"data.root={mnist_root}", *TINY, "train.val_every=100"]
+    assert call("imagegen-train", *base, f"run_dir={first}", "train.max_steps=2").returncode == 0
+    proc = call("imagegen-train", *base, f"run_dir={second}", "train.max_steps=1", "train.lr=1e-30",
+                f"train.init={first / 'last.pt'}", "model.dropout=0.1")     # dropout is not architecture
+    assert proc.returncode == 0 and "starting from the weights of" in proc.stdout, proc.stderr
+    old, new = (torch.load(d / "last.pt", weights_only=True)["model"] for d in (first, second))
+    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)   # a step of 1e-30 rounds away
+    fresh = torch.load(first / "last.pt", weights_only=True)    # and the first run's seed alone gives others
+    assert call("imagegen-train", *base, f"run_dir={tmp_path / 'c'}", "train.max_steps=1",
+                "train.lr=1e-30").returncode == 0
+    other = torch.load(tmp_path / "c" / "last.pt", weights_only=True)["model"]
+    assert not all(torch.equal(fresh["model"][k], other[k]) for k in other)
+
+    one_line_error(call("imagegen-train", *base, f"run_dir={tmp_path / 'd'}", "train.max_steps=1",
+                        f"train.init={first / 'last.pt'}", "model.d_model=32"),
+                   "has another architecture than this run (model.d_model: 16 in checkpoint vs 32 now)")
+    one_line_error(call("imagegen-train", *base, f"run_dir={tmp_path / 'e'}", "train.max_steps=1",
+                        f"train.init={tmp_path / 'nope.pt'}"), "does not exist")

@@ -133,8 +133,7 @@ def model_from_checkpoint(ck, path="checkpoint"):
 def check_compatible(ck, cfg, path):
     """Resuming: the checkpoint's model, data and optimizer must match the current config; other
     training settings may change, and the returned notes say which did."""
-    then, now = without_impl(ck["config"]["model"]), without_impl(cfg["model"])
-    diffs = [f"model.{k}: {then.get(k)!r} in checkpoint vs {v!r} now" for k, v in now.items() if then.get(k) != v]
+    diffs = architecture_diffs(ck["config"]["model"], cfg["model"])
     if ck["config"]["data"]["name"] != cfg["data"]["name"]:
         diffs.append(f"data: {ck['config']['data']['name']} in checkpoint vs {cfg['data']['name']} now")
     if diffs:
@@ -151,6 +150,26 @@ def check_compatible(ck, cfg, path):
     return ([f"model.attention_options.impl: {impl[0]!r} -> {impl[1]!r}"] if impl[0] != impl[1] else []) + [
         f"train.{k}: {old[k]!r} -> {v!r}" for k, v in cfg["train"].items()
         if k in old and old[k] != v and k not in ("resume", "progress")]
+
+
+def architecture_diffs(then, now):
+    """['model.KEY: OLD in checkpoint vs NEW now'] for each architecture setting that differs
+    (which implementation computes the attention is not one)."""
+    then, now = without_impl(then), without_impl(now)
+    return [f"model.{k}: {then.get(k)!r} in checkpoint vs {v!r} now" for k, v in now.items() if then.get(k) != v]
+
+
+def initial_weights(spec, cfg):
+    """The weights a new run starts from with train.init=SPEC (a .pt checkpoint, a .safetensors model
+    or a shipped name): the checkpoint's average of the weights when it holds one. The architecture
+    must be the current config's; data, training settings and dropout may differ."""
+    ck = load(spec, hint="train.init=PATH")
+    model = {k: v for k, v in cfg["model"].items() if k != "dropout"}
+    diffs = architecture_diffs({k: v for k, v in ck["config"]["model"].items() if k != "dropout"}, model)
+    if diffs:
+        raise UserError(f"train.init={spec} has another architecture than this run ({'; '.join(diffs)}); "
+                        f"give the model settings it was trained with (its config), or another train.init.")
+    return ck.get("ema", ck["model"])
 
 
 def without_impl(model_cfg):

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ..store import checkpoint
 from . import distributed, rundir
 from ..allocator import keep_freed_memory
-from ..store.checks import check_resumable
+from ..store.checks import check_resumable, check_weights_fit
 from ..config import check_train
 from ..data.sets import dataset_info, load_from_config
 from ..errors import UserError
@@ -120,6 +120,8 @@ class Trainer:
         self.log = RunLog(run_dir, tensorboard=t["tensorboard"], enabled=world.main)
         if t["resume"] and self.last.exists():
             self.resume()
+        elif t.get("init"):
+            self.start_from(t["init"])
         self.prebuild_kernels()
         # last, so that nothing raising in here leaves a DDP wrapper behind in a traceback (see `release`)
         self.net = DistributedDataParallel(self.model) if world.distributed else self.model
@@ -147,6 +149,18 @@ class Trainer:
         self.log.truncate_after(self.state.step)
         self.say(f"resuming {self.last} at step {self.state.step} ({self.state.elapsed / 60:.1f} min trained)"
                  + (f"; changed since: {', '.join(changed)}" if changed else ""))
+
+    def start_from(self, spec):
+        weights = checkpoint.initial_weights(spec, self.cfg)
+        try:
+            check_weights_fit(weights, self.model, spec)
+        except UserError as e:      # same settings, other data: the image size or channels differ
+            raise UserError(f"train.init={spec} does not fit this run's data {self.cfg['data']['name']} ({e}); "
+                            f"train on data of its image size and channels, or drop train.init.") from None
+        self.model.load_state_dict(weights)
+        if self.ema is not None:
+            self.ema.load_state_dict(weights)
+        self.say(f"starting from the weights of {spec} (train.init)")
 
     def prebuild_kernels(self):
         """Build the C++ kernel (first use: a minute) now, so its time stays out of the budget and the rate."""

@@ -78,7 +78,18 @@ template <typename T> struct Rows {
   T* p;
   int64_t stride;
   T* operator[](int64_t t) const { return p + t * stride; }
+  // Ask for row t's cache lines ahead of use: the rows of one head lie a whole position apart
+  // (heads-last views of one projection), and the backward's first pass stalled on them.
+  // (write: for a row about to be written, whose lines would otherwise be read in at the store.)
+  void prefetch(int64_t t, int64_t D) const {
+    const char* row = reinterpret_cast<const char*>(p + t * stride);
+    for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) {
+      if constexpr (std::is_const_v<T>) __builtin_prefetch(row + b);
+      else __builtin_prefetch(row + b, 1);
+    }
+  }
 };
+constexpr int64_t kAhead = 8;  // rows prefetched ahead
 
 // Forward of one (n, h) pair: out_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps) with
 // S_t = sum_{j<=t} phi(k_j) v_j^T (E x M) and z_t = sum_{j<=t} phi(k_j); inv_t = 1 / (den_t + eps).
@@ -101,11 +112,12 @@ inline __attribute__((always_inline)) void attention_forward_head(
     const int n = static_cast<int>(std::min<int64_t>(kSteps, L - t0));
     for (int s = 0; s < n; ++s) {
       const int64_t t = t0 + s;
+      if (t + kAhead < L) q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), v.prefetch(t + kAhead, M);
       qf_s[s] = qf + s * Ep, kf_s[s] = kf + s * Ep, v_s[s] = v_row + s * Mp, o_s[s] = o + s * Mp;
       phi_row(q[t], qf + s * Ep, E);
       phi_row(k[t], kf + s * Ep, E);
       convert_row(v[t], v_row + s * Mp, M);
-      for (int64_t i = 0; i < Ep; i += kBlock<T>) store(z + i, load(z + i) + load(kf_s[s] + i));
+      for (int64_t i = 0; i < Ep; i += kSweep<T>) sstore(z + i, sload(z + i) + sload(kf_s[s] + i));
       inv[t] = T(1) / (dot(qf_s[s], z, Ep) + eps);
     }
     update_and_read(state, kf_s, v_s, qf_s, o_s, n, E, Mp);
@@ -114,13 +126,20 @@ inline __attribute__((always_inline)) void attention_forward_head(
   }
 }
 
-// dst = grad_feature * phi'(x) with phi'(x) = min(phi(x), 1), from the feature phi(x).
+// dst[0, E) = grad_feature * phi'(x) with phi'(x) = min(phi(x), 1), from the feature phi(x); both
+// rows hold Ep (padded) values, and grad_feature is overwritten with the product. Vectors and a
+// select: a scalar loop branched on feature < 1 per value (half of them mispredicted on real data)
+// and took a third of the backward's time.
 template <typename S, typename T>
-inline __attribute__((always_inline)) void grad_through_phi(const T* __restrict__ grad_feature,
+inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad_feature,
                                                             const T* __restrict__ feature, S* __restrict__ dst,
                                                             int64_t E) {
-  // (a select, not std::min: in the target_clones entry points GCC called std::min out of line per value)
-  for (int64_t e = 0; e < E; ++e) dst[e] = static_cast<S>(grad_feature[e] * (feature[e] < T(1) ? feature[e] : T(1)));
+  using V = svec_t<T>;
+  for (int64_t e = 0; e < padded<T>(E); e += kSweep<T>) {
+    const V f = sload(feature + e);
+    sstore(grad_feature + e, sload(grad_feature + e) * (f < T(1) ? f : V{} + T(1)));
+  }
+  convert_row(grad_feature, dst, E);
 }
 
 // Backward of one (n, h) pair from g = dLoss/dout. With gn_t = g_t inv_t and
@@ -129,65 +148,103 @@ inline __attribute__((always_inline)) void grad_through_phi(const T* __restrict_
 //   reverse sweep   grad phi(k_j) = sum_{t>=j} phi(q_t) (v_j . gn_t + gd_t)       (state R^T, M x E, and r)
 //                   grad v_j      = sum_{t>=j} (phi(q_t) . phi(k_j)) gn_t         (state R, E x M)
 // and phi'(x) = min(phi(x), 1) turns the feature gradients into grad q, grad k.
-// phi(q), phi(k), v, gn and gd are computed once, in T, into per-thread rows of work (O(L (E + M))).
+// Each sweep goes kRowBlock positions at a time: their phi(q), phi(k), v and gn are computed into
+// block rows of work that stay in cache (rows for the whole sequence, written once and read by
+// both sweeps, lived in L3 past a few hundred positions and cost more than computing phi twice);
+// gd, one value per position, is kept from the first sweep for the second.
+constexpr int64_t kRowBlock = 64;  // a multiple of kSteps
+
+template <typename S, typename T>
+struct BackwardRows {
+  Rows<const S> q, k, v, out, g;
+  const T* inv;
+  int64_t L, E, M;
+  T *QF, *KF, *VF, *GN, *gd, *o;  // (kRowBlock, Ep) twice, (kRowBlock, Mp) twice; gd (L); o (Mp) scratch
+
+  // Rows t0 .. t0 + n - 1 into row 0 .. n - 1 of the block; with_gd: also gd[t0 .. t0 + n - 1].
+  void prepare(int64_t t0, int64_t n, bool with_gd) const {
+    const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = t0 + i;
+      if (t + kAhead < L) {
+        q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), v.prefetch(t + kAhead, M), g.prefetch(t + kAhead, M);
+        if (with_gd) out.prefetch(t + kAhead, M);
+      }
+      T* gn = GN + i * Mp;
+      phi_row(q[t], QF + i * Ep, E);
+      phi_row(k[t], KF + i * Ep, E);
+      convert_row(v[t], VF + i * Mp, M);
+      for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
+      std::fill(gn + M, gn + Mp, T(0));
+      if (with_gd) {
+        convert_row(out[t], o, M);  // o zero-padded; a vector dot, not a scalar chain
+        gd[t] = -dot(gn, o, Mp);
+      }
+    }
+  }
+};
+
 template <typename S, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_backward_head(
     Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<const S> out, const T* inv, Rows<const S> g,
     Rows<S> gq, Rows<S> gk, Rows<S> gv, int64_t L, int64_t E, int64_t M, T* work) {
-  using V = vec_t<T>;
-  constexpr int64_t B = kBlock<T>;
+  using V = svec_t<T>;
+  constexpr int64_t B = kSweep<T>;
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *St = work, *Rt = St + M * Ep, *R = Rt + M * Ep, *z = R + E * Mp, *r = z + Ep, *acc = r + Ep,
     *o = acc + kSteps * Ep;  // acc: kSteps rows of Ep, o: kSteps rows of Mp
-  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *VF = KF + L * Ep, *GN = VF + L * Mp,
-    *gd = GN + L * Mp;  // (L, Ep) twice, (L, Mp) twice, (L)
+  T *QF = o + kSteps * Mp, *KF = QF + kRowBlock * Ep, *VF = KF + kRowBlock * Ep, *GN = VF + kRowBlock * Mp,
+    *gd = GN + kRowBlock * Mp;
   std::fill(work, QF, T(0));
-  for (int64_t t = 0; t < L; ++t) {
-    T* gn = GN + t * Mp;
-    phi_row(q[t], QF + t * Ep, E);
-    phi_row(k[t], KF + t * Ep, E);
-    convert_row(v[t], VF + t * Mp, M);
-    for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
-    std::fill(gn + M, gn + Mp, T(0));
-    convert_row(out[t], o, M);      // o: scratch here, zero-padded above; a vector dot, not a scalar chain
-    gd[t] = -dot(gn, o, Mp);
-  }
+  const BackwardRows<S, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, VF, GN, gd, o};
   const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
   T *acc_s[kSteps], *o_s[kSteps];
   for (int s = 0; s < kSteps; ++s) acc_s[s] = acc + s * Ep, o_s[s] = o + s * Mp;
-  // gather kSteps steps (ascending or descending from t0) into the pointer arrays
-  auto gather = [&](int64_t t0, int n, int dir) {
+  // gather n steps (block rows i0, i0 + dir, ...) into the pointer arrays
+  auto gather = [&](int64_t i0, int n, int dir) {
     for (int s = 0; s < n; ++s) {
-      const int64_t t = t0 + dir * s;
-      qf_s[s] = QF + t * Ep, kf_s[s] = KF + t * Ep, gn_s[s] = GN + t * Mp, v_s[s] = VF + t * Mp;
+      const int64_t i = i0 + dir * s;
+      qf_s[s] = QF + i * Ep, kf_s[s] = KF + i * Ep, gn_s[s] = GN + i * Mp, v_s[s] = VF + i * Mp;
     }
   };
-  for (int64_t t0 = 0; t0 < L; t0 += kSteps) {
-    const int n = static_cast<int>(std::min<int64_t>(kSteps, L - t0));
-    gather(t0, n, 1);
-    update_and_read(St, v_s, kf_s, gn_s, acc_s, n, M, Ep);
-    for (int s = 0; s < n; ++s) {
-      for (int64_t i = 0; i < Ep; i += B) {
-        store(z + i, load(z + i) + load(kf_s[s] + i));
-        store(acc_s[s] + i, load(acc_s[s] + i) + gd[t0 + s] * load(z + i));
+  for (int64_t b0 = 0; b0 < L; b0 += kRowBlock) {
+    const int64_t nb = std::min(kRowBlock, L - b0);
+    rows.prepare(b0, nb, true);
+    for (int64_t i0 = 0; i0 < nb; i0 += kSteps) {
+      const int n = static_cast<int>(std::min<int64_t>(kSteps, nb - i0));
+      gather(i0, n, 1);
+      update_and_read(St, v_s, kf_s, gn_s, acc_s, n, M, Ep);
+      for (int s = 0; s < n; ++s) {
+        const int64_t t = b0 + i0 + s;
+        if (t + kAhead < L) gq.prefetch(t + kAhead, E);
+        for (int64_t i = 0; i < Ep; i += B) {
+          const V z_new = sload(z + i) + sload(kf_s[s] + i);
+          sstore(z + i, z_new);
+          sstore(acc_s[s] + i, sload(acc_s[s] + i) + gd[t] * z_new);
+        }
+        grad_through_phi(acc_s[s], qf_s[s], gq[t], E);
       }
-      grad_through_phi(acc_s[s], qf_s[s], gq[t0 + s], E);
     }
   }
-  for (int64_t t0 = L - 1; t0 >= 0; t0 -= kSteps) {
-    const int n = static_cast<int>(std::min<int64_t>(kSteps, t0 + 1));
-    gather(t0, n, -1);
-    update_and_read(R, qf_s, gn_s, kf_s, o_s, n, E, Mp);
-    update_and_read(Rt, gn_s, qf_s, v_s, acc_s, n, M, Ep);
-    for (int s = 0; s < n; ++s) {
-      const int64_t t = t0 - s;
-      convert_row(o_s[s], gv[t], M);
-      for (int64_t i = 0; i < Ep; i += B) {
-        const V r_new = load(r + i) + gd[t] * load(qf_s[s] + i);
-        store(r + i, r_new);
-        store(acc_s[s] + i, load(acc_s[s] + i) + r_new);
+  for (int64_t b1 = L; b1 > 0; b1 -= kRowBlock) {
+    const int64_t b0 = std::max<int64_t>(0, b1 - kRowBlock);
+    rows.prepare(b0, b1 - b0, false);
+    for (int64_t i0 = b1 - b0 - 1; i0 >= 0; i0 -= kSteps) {
+      const int n = static_cast<int>(std::min<int64_t>(kSteps, i0 + 1));
+      gather(i0, n, -1);
+      update_and_read(R, qf_s, gn_s, kf_s, o_s, n, E, Mp);
+      update_and_read(Rt, gn_s, qf_s, v_s, acc_s, n, M, Ep);
+      for (int s = 0; s < n; ++s) {
+        const int64_t t = b0 + i0 - s;
+        if (t >= kAhead) gv.prefetch(t - kAhead, M), gk.prefetch(t - kAhead, E);
+        convert_row(o_s[s], gv[t], M);
+        for (int64_t i = 0; i < Ep; i += B) {
+          const V r_new = sload(r + i) + gd[t] * sload(qf_s[s] + i);
+          sstore(r + i, r_new);
+          sstore(acc_s[s] + i, sload(acc_s[s] + i) + r_new);
+        }
+        grad_through_phi(acc_s[s], kf_s[s], gk[t], E);
       }
-      grad_through_phi(acc_s[s], kf_s[s], gk[t], E);
     }
   }
 }
@@ -195,7 +252,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
 template <typename T>
 int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + L * (2 * Ep + 2 * Mp + 1);  // >= forward's
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + kRowBlock * (2 * Ep + 2 * Mp) + L;
 }
 
 // Entry points per storage type (f32, f64, bf16), cloned as above.

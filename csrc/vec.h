@@ -129,7 +129,7 @@ inline __attribute__((always_inline)) void update_and_read(T* rows, const T* con
 template <typename T>
 inline __attribute__((always_inline)) void copy_row(const T* __restrict__ src, T* __restrict__ dst, int64_t n) {
   int64_t i = 0;
-  for (; i + kBlock<T> <= n; i += kBlock<T>) store(dst + i, load(src + i));
+  for (; i + kSweep<T> <= n; i += kSweep<T>) sstore(dst + i, sload(src + i));  // sweep vectors: see dot
   for (; i < n; ++i) dst[i] = src[i];
 }
 
@@ -142,20 +142,24 @@ inline __attribute__((always_inline)) void convert_row(const From* __restrict__ 
   else for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
 }
 
-// Sum of the lanes of x as a tree (a chain of lane additions would cost ~4 cycles per lane).
-template <typename T>
-inline __attribute__((always_inline)) T hsum(vec_t<T> x) {
-  T lanes[kBlock<T>];
+// Sum of the lanes of x (a 64-byte or sweep vector) as a tree (a chain of lane additions would
+// cost ~4 cycles per lane).
+template <typename T, typename Vec>
+inline __attribute__((always_inline)) T hsum(Vec x) {
+  constexpr int64_t n = sizeof(Vec) / sizeof(T);
+  T lanes[n];
   __builtin_memcpy(lanes, &x, sizeof x);
-  for (int64_t w = kBlock<T> / 2; w >= 1; w /= 2)
+  for (int64_t w = n / 2; w >= 1; w /= 2)
     for (int64_t i = 0; i < w; ++i) lanes[i] += lanes[i + w];
   return lanes[0];
 }
 
+// On sweep vectors: with AVX2, GCC split 64-byte vectors in short loops like this one through the
+// stack, and the halves' stores stalled the next loads (issue 22).
 template <typename T>
 inline __attribute__((always_inline)) T dot(const T* a, const T* b, int64_t Dp) {  // Dp: a multiple of kBlock
-  vec_t<T> acc = {};
-  for (int64_t i = 0; i < Dp; i += kBlock<T>) acc += load(a + i) * load(b + i);
+  svec_t<T> acc = {};
+  for (int64_t i = 0; i < Dp; i += kSweep<T>) acc += sload(a + i) * sload(b + i);
   return hsum<T>(acc);
 }
 

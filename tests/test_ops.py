@@ -21,6 +21,7 @@ SHAPES = [  # N, H, L, E, M
     (2, 3, 17, 5, 7),      # odd length, E != M
     (1, 2, 65, 8, 3),      # one past the default chunk
     (2, 1, 130, 16, 33),   # M + 1 as in causal_linear_attention
+    (1, 2, 197, 4, 6),     # the fused backward's row blocks of 64, the last one partial
     (1, 1, 9, 128, 2),
     (1, 1, 11, 1, 128),
     (1, 2, 0, 4, 4),       # empty sequence

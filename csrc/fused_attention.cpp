@@ -159,24 +159,25 @@ struct BackwardRows {
   Rows<const S> q, k, v, out, g;
   const T* inv;
   int64_t L, E, M;
-  T *QF, *KF, *VF, *GN, *gd, *o;  // (kRowBlock, Ep) twice, (kRowBlock, Mp) twice; gd (L); o (Mp) scratch
+  T *QF, *KF, *VF, *GN, *gd, *o;  // QF, KF (L, Ep); VF, GN (kRowBlock, Mp); gd (L); o (Mp) scratch
 
-  // Rows t0 .. t0 + n - 1 into row 0 .. n - 1 of the block; with_gd: also gd[t0 .. t0 + n - 1].
-  void prepare(int64_t t0, int64_t n, bool with_gd) const {
+  // Rows t0 .. t0 + n - 1 of v and gn into rows 0 .. n - 1 of VF, GN; first (the forward sweep):
+  // also phi(q_t), phi(k_t) into rows t of QF, KF, and gd_t; else those are read back.
+  void prepare(int64_t t0, int64_t n, bool first) const {
     const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = t0 + i;
       if (t + kAhead < L) {
-        q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), v.prefetch(t + kAhead, M), g.prefetch(t + kAhead, M);
-        if (with_gd) out.prefetch(t + kAhead, M);
+        v.prefetch(t + kAhead, M), g.prefetch(t + kAhead, M);
+        if (first) q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), out.prefetch(t + kAhead, M);
       }
       T* gn = GN + i * Mp;
-      phi_row(q[t], QF + i * Ep, E);
-      phi_row(k[t], KF + i * Ep, E);
       convert_row(v[t], VF + i * Mp, M);
       for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
       std::fill(gn + M, gn + Mp, T(0));
-      if (with_gd) {
+      if (first) {
+        phi_row(q[t], QF + t * Ep, E);
+        phi_row(k[t], KF + t * Ep, E);
         convert_row(out[t], o, M);  // o zero-padded; a vector dot, not a scalar chain
         gd[t] = -dot(gn, o, Mp);
       }
@@ -193,7 +194,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *St = work, *Rt = St + M * Ep, *R = Rt + M * Ep, *z = R + E * Mp, *r = z + Ep, *acc = r + Ep,
     *o = acc + kSteps * Ep;  // acc: kSteps rows of Ep, o: kSteps rows of Mp
-  T *QF = o + kSteps * Mp, *KF = QF + kRowBlock * Ep, *VF = KF + kRowBlock * Ep, *GN = VF + kRowBlock * Mp,
+  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *VF = KF + L * Ep, *GN = VF + kRowBlock * Mp,
     *gd = GN + kRowBlock * Mp;
   std::fill(work, QF, T(0));
   const BackwardRows<S, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, VF, GN, gd, o};
@@ -201,10 +202,10 @@ inline __attribute__((always_inline)) void attention_backward_head(
   T *acc_s[kSteps], *o_s[kSteps];
   for (int s = 0; s < kSteps; ++s) acc_s[s] = acc + s * Ep, o_s[s] = o + s * Mp;
   // gather n steps (block rows i0, i0 + dir, ...) into the pointer arrays
-  auto gather = [&](int64_t i0, int n, int dir) {
+  auto gather = [&](int64_t b0, int64_t i0, int n, int dir) {
     for (int s = 0; s < n; ++s) {
       const int64_t i = i0 + dir * s;
-      qf_s[s] = QF + i * Ep, kf_s[s] = KF + i * Ep, gn_s[s] = GN + i * Mp, v_s[s] = VF + i * Mp;
+      qf_s[s] = QF + (b0 + i) * Ep, kf_s[s] = KF + (b0 + i) * Ep, gn_s[s] = GN + i * Mp, v_s[s] = VF + i * Mp;
     }
   };
   for (int64_t b0 = 0; b0 < L; b0 += kRowBlock) {
@@ -212,7 +213,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
     rows.prepare(b0, nb, true);
     for (int64_t i0 = 0; i0 < nb; i0 += kSteps) {
       const int n = static_cast<int>(std::min<int64_t>(kSteps, nb - i0));
-      gather(i0, n, 1);
+      gather(b0, i0, n, 1);
       update_and_read(St, v_s, kf_s, gn_s, acc_s, n, M, Ep);
       for (int s = 0; s < n; ++s) {
         const int64_t t = b0 + i0 + s;
@@ -231,7 +232,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
     rows.prepare(b0, b1 - b0, false);
     for (int64_t i0 = b1 - b0 - 1; i0 >= 0; i0 -= kSteps) {
       const int n = static_cast<int>(std::min<int64_t>(kSteps, i0 + 1));
-      gather(i0, n, -1);
+      gather(b0, i0, n, -1);
       update_and_read(R, qf_s, gn_s, kf_s, o_s, n, E, Mp);
       update_and_read(Rt, gn_s, qf_s, v_s, acc_s, n, M, Ep);
       for (int s = 0; s < n; ++s) {
@@ -252,7 +253,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
 template <typename T>
 int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + kRowBlock * (2 * Ep + 2 * Mp) + L;
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + 2 * kRowBlock * Mp + L * (2 * Ep + 1);
 }
 
 // Entry points per storage type (f32, f64, bf16), cloned as above.

@@ -34,16 +34,18 @@ template <typename T>
 constexpr int64_t padded(int64_t n) { return (n + kBlock<T> - 1) / kBlock<T> * kBlock<T>; }
 
 // The vector of the state sweeps below: one whole 64-byte vector where AVX-512 has 32 registers of
-// it; a 32-byte one otherwise, with one block of columns at a time. AVX2's 16 ymm registers cannot
-// hold kSteps x 2 blocks of 64-byte accumulators and inputs (32 ymm): GCC spilled them to the stack
-// at every step, and the sweeps ran several times slower than the chunked PyTorch form (issue 22).
+// it; a 32-byte one otherwise. AVX2's 16 ymm registers cannot hold 4 steps x 2 blocks of 64-byte
+// accumulators and inputs (32 ymm): GCC spilled them to the stack at every step, and the sweeps ran
+// several times slower than the chunked PyTorch form. On AVX2 a pass takes 2 steps over 2 blocks of
+// 32 bytes (8 accumulators and inputs), which measured faster than 4 steps over one block
+// (docs/speed.md, "The backward").
 // Padding stays a multiple of kBlock (64 bytes), which is a multiple of either.
 #if defined(__AVX512F__)
 #define CP_SWEEP_BYTES 64
-constexpr int kSweepBlocks = 2;
+constexpr int kSteps = 4;  // steps per state pass
 #else
 #define CP_SWEEP_BYTES 32
-constexpr int kSweepBlocks = 1;
+constexpr int kSteps = 2;
 #endif
 template <typename T> struct SweepSimd { typedef T type __attribute__((vector_size(CP_SWEEP_BYTES))); };
 template <typename T> using svec_t = typename SweepSimd<T>::type;
@@ -103,17 +105,15 @@ inline __attribute__((always_inline)) void update_and_read_steps(T* rows, const 
       b_c[s] = b[s] + c0;
       out_c[s] = out[s] + c0;
     }
-    if (kSweepBlocks >= 2 && c0 + 2 * B <= Cp) {
-      update_and_read_blocks<T, kSweepBlocks >= 2 ? 2 : 1, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
-      c0 += (kSweepBlocks >= 2 ? 2 : 1) * B;
+    if (c0 + 2 * B <= Cp) {
+      update_and_read_blocks<T, 2, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
+      c0 += 2 * B;
     } else {
       update_and_read_blocks<T, 1, NT>(rows + c0, a, b_c, w, out_c, R, Cp);
       c0 += B;
     }
   }
 }
-
-constexpr int kSteps = 4;  // steps per state pass
 
 // update_and_read_steps for any n <= kSteps steps.
 template <typename T>

@@ -76,12 +76,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def inputs(N, H, L, E, device, dtype="float32", seed=0):
+    """q, k, v (N, H, L, E) needing gradients, and a fixed gradient of the output to run the
+    backward from (not out.sum(), whose own backward would be timed with it)."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(N, H, L, E, generator=g).to(device, DTYPES[dtype]).requires_grad_() for _ in range(3)]
+    q, k, v, grad = (torch.randn(N, H, L, E, generator=g).to(device, DTYPES[dtype]) for _ in range(4))
+    return [t.requires_grad_() for t in (q, k, v)], grad
 
 
 def time_case(impl, spec, N, H, L, E, device, dtype, repeat):
-    q, k, v = inputs(N, H, L, E, device, dtype)
+    (q, k, v), grad = inputs(N, H, L, E, device, dtype)
     f = attention_fn(impl, spec, H, E, device)
 
     def fwd():
@@ -89,17 +92,16 @@ def time_case(impl, spec, N, H, L, E, device, dtype, repeat):
             f(q, k, v)
 
     def fwd_bwd():
-        out = f(q, k, v)
-        torch.autograd.grad(out.sum(), (q, k, v))
+        torch.autograd.grad(f(q, k, v), (q, k, v), grad)
     return median_ms(fwd, device, repeat), median_ms(fwd_bwd, device, repeat)
 
 
 def peak_memory_child(impl, N, H, L, E, device, dtype, spec="elu"):
     """Runs in a subprocess: bytes of peak memory one forward+backward adds."""
     device = torch.device(device)
-    q, k, v = inputs(N, H, L, E, device, dtype)
+    (q, k, v), grad = inputs(N, H, L, E, device, dtype)
     f = attention_fn(impl, spec, H, E, device)
-    return peak_bytes(lambda: torch.autograd.grad(f(q, k, v).sum(), (q, k, v)), device)
+    return peak_bytes(lambda: torch.autograd.grad(f(q, k, v), (q, k, v), grad), device)
 
 
 def peak_bytes(fn, device):
@@ -207,7 +209,8 @@ def run_attention(c, device, out_dir=None):
         md = (f"Causal attention, B={N}, H={H}, D=M={E}, {' and '.join(c['attention_dtypes'])}, {device}. softmax = "
               f"scaled_dot_product_attention(is_causal=True) (flash on CUDA); linear: normalised, with the feature map "
               f"named (F features; +gate: random feature attention's gate, chunked form), its features computed in "
-              f"the timed call. bwd / fwd = (fwd+bwd - fwd) / fwd."
+              f"the timed call. bwd / fwd = (fwd+bwd - fwd) / fwd, the backward run from a fixed random gradient "
+              f"of the output."
               f"{'' if memory else ' quick: peak memory not measured.'}\n"
               f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
         return {"config": c, "machine": machine(), "rows": rows}, md

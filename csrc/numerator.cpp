@@ -32,28 +32,32 @@
 
 namespace {
 
-// Scratch for causal_dot_head: the state (D, padded C), one padded row of c, one of out.
+// Scratch for causal_dot_head: the state (D, padded C), kSteps padded rows of c and of out.
 template <typename T>
-int64_t scratch_size(int64_t D, int64_t C) { return (D + 2) * padded<T>(C); }
+int64_t scratch_size(int64_t D, int64_t C) { return (D + 2 * kSteps) * padded<T>(C); }
 
-// out_t = sum_{j<=t} (a_t . b_j) c_j (reverse: j >= t) for one (n, h) pair.
-// a, b (L, D); c, out (L, C); work: scratch_size<T>(D, C) values.
+// out_t = sum_{j<=t} (a_t . b_j) c_j (reverse: j >= t) for one (n, h) pair, kSteps steps per pass
+// over the state. a, b (L, D); c, out (L, C); work: scratch_size<T>(D, C) values.
 template <typename T>
 inline __attribute__((always_inline)) void causal_dot_head(
     const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c, T* __restrict__ out,
     T* __restrict__ work, int64_t L, int64_t D, int64_t C, bool reverse) {
   const int64_t Cp = padded<T>(C);
-  T* S = work;               // (D, Cp) state; the padding columns stay zero
-  T* c_row = S + D * Cp;     // (Cp) c_t, zero-padded
-  T* o_row = c_row + Cp;     // (Cp) out_t before trimming to C
-  const T* c_row_c = c_row;
-  std::fill(work, work + (D + 1) * Cp, T(0));
-  for (int64_t s = 0; s < L; ++s) {
-    const int64_t t = reverse ? L - 1 - s : s;
-    const T *a_t = a + t * D, *b_t = b + t * D;
-    copy_row(c + t * C, c_row, C);
-    update_and_read_steps<T, 1>(S, &b_t, &c_row_c, &a_t, &o_row, D, Cp);
-    copy_row(o_row, out + t * C, C);
+  T* S = work;                    // (D, Cp) state; the padding columns stay zero
+  T* c_rows = S + D * Cp;         // (kSteps, Cp) c_t, zero-padded
+  T* o_rows = c_rows + kSteps * Cp;  // (kSteps, Cp) out_t before trimming to C
+  std::fill(work, work + scratch_size<T>(D, C), T(0));
+  const T *a_s[kSteps], *b_s[kSteps], *c_s[kSteps];
+  T* o_s[kSteps];
+  for (int64_t s0 = 0; s0 < L; s0 += kSteps) {
+    const int n = static_cast<int>(std::min<int64_t>(kSteps, L - s0));
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = reverse ? L - 1 - (s0 + s) : s0 + s;
+      a_s[s] = a + t * D, b_s[s] = b + t * D, c_s[s] = c_rows + s * Cp, o_s[s] = o_rows + s * Cp;
+      copy_row(c + t * C, c_rows + s * Cp, C);
+    }
+    update_and_read(S, b_s, c_s, a_s, o_s, n, D, Cp);
+    for (int s = 0; s < n; ++s) copy_row(o_s[s], out + (reverse ? L - 1 - (s0 + s) : s0 + s) * C, C);
   }
 }
 

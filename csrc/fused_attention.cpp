@@ -109,7 +109,7 @@ inline __attribute__((always_inline)) void attention_forward_head(
   const T *qf_s[kSteps], *kf_s[kSteps], *v_s[kSteps];
   T* o_s[kSteps];
   for (int64_t t0 = 0; t0 < L; t0 += kSteps) {
-    const int n = static_cast<int>(std::min<int64_t>(kSteps, L - t0));
+    const int n = static_cast<int>(smaller(kSteps, L - t0));
     for (int s = 0; s < n; ++s) {
       const int64_t t = t0 + s;
       if (t + kAhead < L) q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), v.prefetch(t + kAhead, M);
@@ -174,7 +174,7 @@ struct BackwardRows {
       T* gn = GN + i * Mp;
       convert_row(v[t], VF + i * Mp, M);
       for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
-      std::fill(gn + M, gn + Mp, T(0));
+      for (int64_t m = M; m < Mp; ++m) gn[m] = T(0);
       if (first) {
         phi_row(q[t], QF + t * Ep, E);
         phi_row(k[t], KF + t * Ep, E);
@@ -209,10 +209,10 @@ inline __attribute__((always_inline)) void attention_backward_head(
     }
   };
   for (int64_t b0 = 0; b0 < L; b0 += kRowBlock) {
-    const int64_t nb = std::min(kRowBlock, L - b0);
+    const int64_t nb = smaller(kRowBlock, L - b0);
     rows.prepare(b0, nb, true);
     for (int64_t i0 = 0; i0 < nb; i0 += kSteps) {
-      const int n = static_cast<int>(std::min<int64_t>(kSteps, nb - i0));
+      const int n = static_cast<int>(smaller(kSteps, nb - i0));
       gather(b0, i0, n, 1);
       update_and_read(St, v_s, kf_s, gn_s, acc_s, n, M, Ep);
       for (int s = 0; s < n; ++s) {
@@ -228,10 +228,10 @@ inline __attribute__((always_inline)) void attention_backward_head(
     }
   }
   for (int64_t b1 = L; b1 > 0; b1 -= kRowBlock) {
-    const int64_t b0 = std::max<int64_t>(0, b1 - kRowBlock);
+    const int64_t b0 = b1 > kRowBlock ? b1 - kRowBlock : 0;
     rows.prepare(b0, b1 - b0, false);
     for (int64_t i0 = b1 - b0 - 1; i0 >= 0; i0 -= kSteps) {
-      const int n = static_cast<int>(std::min<int64_t>(kSteps, i0 + 1));
+      const int n = static_cast<int>(smaller(kSteps, i0 + 1));
       gather(b0, i0, n, -1);
       update_and_read(R, qf_s, gn_s, kf_s, o_s, n, E, Mp);
       update_and_read(Rt, gn_s, qf_s, v_s, acc_s, n, M, Ep);

@@ -50,7 +50,7 @@ inline __attribute__((always_inline)) void causal_dot_head(
   const T *a_s[kSteps], *b_s[kSteps], *c_s[kSteps];
   T* o_s[kSteps];
   for (int64_t s0 = 0; s0 < L; s0 += kSteps) {
-    const int n = static_cast<int>(std::min<int64_t>(kSteps, L - s0));
+    const int n = static_cast<int>(smaller(kSteps, L - s0));
     for (int s = 0; s < n; ++s) {
       const int64_t t = reverse ? L - 1 - (s0 + s) : s0 + s;
       a_s[s] = a + t * D, b_s[s] = b + t * D, c_s[s] = c_rows + s * Cp, o_s[s] = o_rows + s * Cp;

@@ -20,8 +20,6 @@
 #include "cpu_kernel.h"
 #include "vec.h"
 
-#include <xmmintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -128,20 +126,6 @@ inline __attribute__((always_inline)) void attention_forward_head(
   }
 }
 
-// Write a gradient row: float rows of whole 16-byte groups at aligned addresses bypass the cache
-// (non-temporal stores: the fresh (N, L, H, D) rows would otherwise be read in before each write),
-// others are converted and stored plainly. Followed by _mm_sfence() before the pair returns.
-template <typename S, typename T>
-inline __attribute__((always_inline)) void write_grad_row(const T* __restrict__ src, S* __restrict__ dst, int64_t n) {
-  if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
-    if (n % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
-      for (int64_t i = 0; i < n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
-      return;
-    }
-  }
-  convert_row(src, dst, n);
-}
-
 // dst[0, E) = grad_feature * phi'(x) with phi'(x) = min(phi(x), 1), from the feature phi(x); both
 // rows hold Ep (padded) values, and grad_feature is overwritten with the product. Vectors and a
 // select: a scalar loop branched on feature < 1 per value (half of them mispredicted on real data)
@@ -155,7 +139,7 @@ inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad
     const V f = sload(feature + e);
     sstore(grad_feature + e, sload(grad_feature + e) * (f < T(1) ? f : V{} + T(1)));
   }
-  write_grad_row(grad_feature, dst, E);
+  stream_row(grad_feature, dst, E);
 }
 
 // Backward of one (n, h) pair from g = dLoss/dout. With gn_t = g_t inv_t and
@@ -252,7 +236,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
       update_and_read(Rt, gn_s, qf_s, v_s, acc_s, n, M, Ep);
       for (int s = 0; s < n; ++s) {
         const int64_t t = b0 + i0 - s;
-        write_grad_row(o_s[s], gv[t], M);
+        stream_row(o_s[s], gv[t], M);
         for (int64_t i = 0; i < Ep; i += B) {
           const V r_new = sload(r + i) + gd[t] * sload(qf_s[s] + i);
           sstore(r + i, r_new);
@@ -262,7 +246,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
       }
     }
   }
-  _mm_sfence();  // the non-temporal stores of write_grad_row, visible before the pair is done
+  _mm_sfence();  // stream_row's stores, visible before the pair is done
 }
 
 template <typename T>

@@ -37,11 +37,12 @@ template <typename T>
 int64_t scratch_size(int64_t D, int64_t C) { return (D + 2 * kSteps) * padded<T>(C); }
 
 // out_t = sum_{j<=t} (a_t . b_j) c_j (reverse: j >= t) for one (n, h) pair, kSteps steps per pass
-// over the state. a, b (L, D); c, out (L, C); work: scratch_size<T>(D, C) values.
+// over the state. a, b (L, D); c, out (L, C); work: scratch_size<T>(D, C) values. stream: write out
+// with stream_row (the backward's gradients).
 template <typename T>
 inline __attribute__((always_inline)) void causal_dot_head(
     const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c, T* __restrict__ out,
-    T* __restrict__ work, int64_t L, int64_t D, int64_t C, bool reverse) {
+    T* __restrict__ work, int64_t L, int64_t D, int64_t C, bool reverse, bool stream) {
   const int64_t Cp = padded<T>(C);
   T* S = work;                    // (D, Cp) state; the padding columns stay zero
   T* c_rows = S + D * Cp;         // (kSteps, Cp) c_t, zero-padded
@@ -57,23 +58,29 @@ inline __attribute__((always_inline)) void causal_dot_head(
       copy_row(c + t * C, c_rows + s * Cp, C);
     }
     update_and_read(S, b_s, c_s, a_s, o_s, n, D, Cp);
-    for (int s = 0; s < n; ++s) copy_row(o_s[s], out + (reverse ? L - 1 - (s0 + s) : s0 + s) * C, C);
+    for (int s = 0; s < n; ++s) {
+      T* row = out + (reverse ? L - 1 - (s0 + s) : s0 + s) * C;
+      if (stream) stream_row(o_s[s], row, C);
+      else copy_row(o_s[s], row, C);
+    }
   }
+  if (stream) _mm_sfence();
 }
 
 CP_MULTIVERSION void causal_dot_f32(const float* a, const float* b, const float* c, float* out, float* work,
-                                    int64_t L, int64_t D, int64_t C, bool reverse) {
-  causal_dot_head<float>(a, b, c, out, work, L, D, C, reverse);
+                                    int64_t L, int64_t D, int64_t C, bool reverse, bool stream) {
+  causal_dot_head<float>(a, b, c, out, work, L, D, C, reverse, stream);
 }
 CP_MULTIVERSION void causal_dot_f64(const double* a, const double* b, const double* c, double* out, double* work,
-                                    int64_t L, int64_t D, int64_t C, bool reverse) {
-  causal_dot_head<double>(a, b, c, out, work, L, D, C, reverse);
+                                    int64_t L, int64_t D, int64_t C, bool reverse, bool stream) {
+  causal_dot_head<double>(a, b, c, out, work, L, D, C, reverse, stream);
 }
 
 template <typename T>
-void causal_dot(const T* a, const T* b, const T* c, T* out, T* work, int64_t L, int64_t D, int64_t C, bool reverse) {
-  if constexpr (std::is_same_v<T, float>) causal_dot_f32(a, b, c, out, work, L, D, C, reverse);
-  else causal_dot_f64(a, b, c, out, work, L, D, C, reverse);
+void causal_dot(const T* a, const T* b, const T* c, T* out, T* work, int64_t L, int64_t D, int64_t C, bool reverse,
+                bool stream = false) {
+  if constexpr (std::is_same_v<T, float>) causal_dot_f32(a, b, c, out, work, L, D, C, reverse, stream);
+  else causal_dot_f64(a, b, c, out, work, L, D, C, reverse, stream);
 }
 }  // namespace
 
@@ -121,9 +128,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
       std::vector<scalar_t> work(std::max(scratch_size<scalar_t>(E, M), scratch_size<scalar_t>(M, E)));
       for (int64_t i = begin; i < end; ++i) {
         const scalar_t *q_i = qp + i * L * E, *k_i = kp + i * L * E, *v_i = vp + i * L * M, *g_i = gp + i * L * M;
-        causal_dot(g_i, v_i, k_i, gqp + i * L * E, work.data(), L, M, E, false);  // grad_q (L, E)
-        causal_dot(v_i, g_i, q_i, gkp + i * L * E, work.data(), L, M, E, true);   // grad_k (L, E)
-        causal_dot(k_i, q_i, g_i, gvp + i * L * M, work.data(), L, E, M, true);   // grad_v (L, M)
+        causal_dot(g_i, v_i, k_i, gqp + i * L * E, work.data(), L, M, E, false, true);  // grad_q (L, E)
+        causal_dot(v_i, g_i, q_i, gkp + i * L * E, work.data(), L, M, E, true, true);   // grad_k (L, E)
+        causal_dot(k_i, q_i, g_i, gvp + i * L * M, work.data(), L, E, M, true, true);   // grad_v (L, M)
       }
     });
   });

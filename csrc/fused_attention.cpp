@@ -80,13 +80,9 @@ template <typename T> struct Rows {
   T* operator[](int64_t t) const { return p + t * stride; }
   // Ask for row t's cache lines ahead of use: the rows of one head lie a whole position apart
   // (heads-last views of one projection), and the backward's first pass stalled on them.
-  // (write: for a row about to be written, whose lines would otherwise be read in at the store.)
   void prefetch(int64_t t, int64_t D) const {
     const char* row = reinterpret_cast<const char*>(p + t * stride);
-    for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) {
-      if constexpr (std::is_const_v<T>) __builtin_prefetch(row + b);
-      else __builtin_prefetch(row + b, 1);
-    }
+    for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(row + b);
   }
 };
 constexpr int64_t kAhead = 8;  // rows prefetched ahead
@@ -148,10 +144,11 @@ inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad
 //   reverse sweep   grad phi(k_j) = sum_{t>=j} phi(q_t) (v_j . gn_t + gd_t)       (state R^T, M x E, and r)
 //                   grad v_j      = sum_{t>=j} (phi(q_t) . phi(k_j)) gn_t         (state R, E x M)
 // and phi'(x) = min(phi(x), 1) turns the feature gradients into grad q, grad k.
-// Each sweep goes kRowBlock positions at a time: their phi(q), phi(k), v and gn are computed into
-// block rows of work that stay in cache (rows for the whole sequence, written once and read by
-// both sweeps, lived in L3 past a few hundred positions and cost more than computing phi twice);
-// gd, one value per position, is kept from the first sweep for the second.
+// Each sweep goes kRowBlock positions at a time, their v and gn computed into block rows of work
+// that stay in cache (rows of v and gn for the whole sequence, written once and read by both
+// sweeps, lived in L3 past a few hundred positions); phi(q), phi(k) and gd are computed by the
+// first sweep for the whole sequence and read back by the second (cheaper than the exps again).
+// The gradient rows are written with stream_row (non-temporal stores).
 constexpr int64_t kRowBlock = 64;  // a multiple of kSteps
 
 template <typename S, typename T>
@@ -246,13 +243,13 @@ inline __attribute__((always_inline)) void attention_backward_head(
       }
     }
   }
-  _mm_sfence();  // stream_row's stores, visible before the pair is done
+  stream_fence();  // stream_row's stores, visible before the pair is done
 }
 
 template <typename T>
 int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + 2 * kRowBlock * Mp + L * (2 * Ep + 1);
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + 2 * kRowBlock * Mp + L * (2 * Ep + 1);  // >= forward's
 }
 
 // Entry points per storage type (f32, f64, bf16), cloned as above.

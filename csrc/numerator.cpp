@@ -64,7 +64,7 @@ inline __attribute__((always_inline)) void causal_dot_head(
       else copy_row(o_s[s], row, C);
     }
   }
-  if (stream) _mm_sfence();
+  if (stream) stream_fence();
 }
 
 CP_MULTIVERSION void causal_dot_f32(const float* a, const float* b, const float* c, float* out, float* work,

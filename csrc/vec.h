@@ -8,7 +8,9 @@
 
 #include <c10/util/BFloat16.h>
 
+#if defined(__SSE__)
 #include <xmmintrin.h>
+#endif
 
 #include <cstdint>
 #include <type_traits>
@@ -149,19 +151,27 @@ inline __attribute__((always_inline)) void convert_row(const From* __restrict__ 
 }
 
 
-// Write n values converting from compute T to storage S, bypassing the cache where it can (float
-// rows of whole 16-byte groups at aligned addresses: non-temporal stores), for rows written once
-// and not read again soon (the backward's gradients: the lines of fresh rows were otherwise read in
-// before each write). _mm_sfence() must follow before the rows are used.
+// Write n values converting from compute T to storage S, bypassing the cache where it can (x86:
+// float rows of whole 16-byte groups at aligned addresses, non-temporal stores), for rows written
+// once and not read again soon (the backward's gradients: the lines of fresh rows were otherwise
+// read in before each write). stream_fence() must follow before the rows are used.
 template <typename S, typename T>
 inline __attribute__((always_inline)) void stream_row(const T* __restrict__ src, S* __restrict__ dst, int64_t n) {
+#if defined(__SSE__)
   if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
     if (n % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
       for (int64_t i = 0; i < n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
       return;
     }
   }
+#endif
   convert_row(src, dst, n);
+}
+
+inline void stream_fence() {
+#if defined(__SSE__)
+  _mm_sfence();
+#endif
 }
 
 // Sum of the lanes of x (a 64-byte or sweep vector) as a tree (a chain of lane additions would

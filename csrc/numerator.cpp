@@ -49,19 +49,19 @@ inline __attribute__((always_inline)) void causal_dot_head(
   T* o_rows = c_rows + kSteps * Cp;  // (kSteps, Cp) out_t before trimming to C
   std::fill(work, work + scratch_size<T>(D, C), T(0));
   const T *a_s[kSteps], *b_s[kSteps], *c_s[kSteps];
-  T* o_s[kSteps];
+  T *o_s[kSteps], *out_s[kSteps];
   for (int64_t s0 = 0; s0 < L; s0 += kSteps) {
     const int n = static_cast<int>(smaller(kSteps, L - s0));
     for (int s = 0; s < n; ++s) {
       const int64_t t = reverse ? L - 1 - (s0 + s) : s0 + s;
       a_s[s] = a + t * D, b_s[s] = b + t * D, c_s[s] = c_rows + s * Cp, o_s[s] = o_rows + s * Cp;
+      out_s[s] = out + t * C;
       copy_row(c + t * C, c_rows + s * Cp, C);
     }
     update_and_read(S, b_s, c_s, a_s, o_s, n, D, Cp);
     for (int s = 0; s < n; ++s) {
-      T* row = out + (reverse ? L - 1 - (s0 + s) : s0 + s) * C;
-      if (stream) stream_row(o_s[s], row, C);
-      else copy_row(o_s[s], row, C);
+      if (stream) stream_row(o_s[s], out_s[s], C);
+      else copy_row(o_s[s], out_s[s], C);
     }
   }
   if (stream) stream_fence();

@@ -150,7 +150,6 @@ inline __attribute__((always_inline)) void convert_row(const From* __restrict__ 
   else for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
 }
 
-
 // Write n values converting from compute T to storage S, bypassing the cache where it can (x86:
 // float rows of whole 16-byte groups at aligned addresses, non-temporal stores), for rows written
 // once and not read again soon (the backward's gradients: the lines of fresh rows were otherwise

@@ -76,7 +76,8 @@ def _build(device_type):
     # no-tree-loop-distribute-patterns: GCC would turn the short row copies into memmove calls
     cflags, ldflags = ["-O3", "-fno-tree-loop-distribute-patterns"], []
     if device_type == "cpu" and os.environ.get("IMAGEGEN_KERNEL_NATIVE", "1") != "0":
-        cflags.append("-march=native")   # this CPU's vector width (the key names the CPU: see cpu_identity)
+        # this CPU's vector width (the key names the CPU: see cpu_identity); no clones (see vec.h)
+        cflags += ["-march=native", "-DCP_NATIVE"]
     if torch.backends.openmp.is_available():  # at::parallel_for uses OpenMP pragmas in headers
         cflags.append("-fopenmp")
         ldflags.append("-fopenmp")

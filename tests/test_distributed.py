@@ -35,7 +35,7 @@ def torchrun(*args, nproc=2):
     return proc
 
 
-def ranks(*python_args, world=2, timeout_s=None):
+def ranks(*python_args, world=2, timeout_s=None, extra_env=None):
     """The processes torchrun would start (RANK, WORLD_SIZE, MASTER_* in the environment), started by
     hand so that a test can signal one of them; python_args follow `python` ("-m", module, ...)."""
     port = free_port()
@@ -45,7 +45,7 @@ def ranks(*python_args, world=2, timeout_s=None):
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         if timeout_s:
             env["IMAGEGEN_DIST_TIMEOUT"] = str(timeout_s)
-        procs.append(subprocess.Popen([sys.executable, *python_args], env=env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen([sys.executable, *python_args], env={**env, **(extra_env or {})}, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return procs
 
@@ -164,13 +164,15 @@ main()
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
-@pytest.mark.parametrize("end", ["done", "interrupt"])
-def test_teardown_ends_gloo_threads(end, mnist_root, tmp_path):
+@pytest.mark.parametrize("end,kernel", [("done", True), ("interrupt", True), ("interrupt", False)])
+def test_teardown_ends_gloo_threads(end, kernel, mnist_root, tmp_path):
     """gloo threads left running after teardown either abort the process at exit ("terminate called
     without an active exception", a thread freeing a tensor after Python finalizes) or hang it (the
-    group destroyed later while holding the GIL such a thread needs); teardown must end them."""
+    group destroyed later while holding the GIL such a thread needs); teardown must end them. Without
+    the kernel, every forward is refused by it first (a refusal kept and raised again held the DDP
+    wrapper's frames, and the group with them)."""
     procs = ranks("-c", TEARDOWN_PROBE, end, *TRAIN, "train.max_steps=2", f"data.root={mnist_root}",
-                  f"run_dir={tmp_path}")
+                  f"run_dir={tmp_path}", extra_env=None if kernel else {"IMAGEGEN_DISABLE_KERNEL": "1"})
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == (0 if end == "done" else 1), err

@@ -6,6 +6,7 @@ Shapes: q, k (N, H, L, E), v (N, H, L, M). The CPU kernel is built on first use 
 minute, then cached); tests that need it skip with the build error when it cannot be had.
 """
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -164,7 +165,7 @@ def test_kernel_rejects_unsupported_dtype_with_advice():
 
 def test_unavailable_kernel_raises_for_kernel_and_warns_once_for_auto(monkeypatch):
     reason = "building the cpu extension failed: no compiler here"
-    monkeypatch.setattr(kernel_mod, "_modules", {"cpu": kernel_mod.KernelUnavailable(reason)})
+    monkeypatch.setattr(kernel_mod, "_modules", {"cpu": reason})
     monkeypatch.setattr(kernel_mod, "_warned", set())
     q, k, v = make_qkv(1, 1, 8, 2, 3)
     with pytest.raises(ValueError, match=r"no compiler here.*impl='chunked'"):
@@ -174,6 +175,23 @@ def test_unavailable_kernel_raises_for_kernel_and_warns_once_for_auto(monkeypatc
         ops.causal_product(q, k, v, impl="auto")
     assert len(record) == 1
     torch.testing.assert_close(out, causal_product_reference(q, k, v))
+
+
+def test_unavailable_kernel_keeps_no_caller_alive(monkeypatch):
+    """Each refusal is a new exception: a kept one, raised again, would collect every caller's frames
+    in its traceback (in training, the DDP wrapper and through it the process group, past teardown)."""
+    monkeypatch.setattr(kernel_mod, "_modules", {"cpu": "no compiler here"})
+
+    class Held:
+        pass
+
+    def caller():
+        held = Held()   # noqa: F841 (a local the caller's frame holds)
+        with pytest.raises(kernel_mod.KernelUnavailable):
+            kernel_mod.load_kernel("cpu")
+        return weakref.ref(held)
+
+    assert caller()() is None
 
 
 def test_disabled_kernel_says_why(monkeypatch):

@@ -48,7 +48,7 @@ DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16),
           "cuda": (torch.float32, torch.float16, torch.bfloat16)}
 MAX_CUDA_DIM = 256  # largest E and M the CUDA kernel supports (csrc/causal_product_cuda.cu)
 
-_modules = {}  # device type -> built module, or the KernelUnavailable that stopped it
+_modules = {}  # device type -> built module, or why it cannot be built
 _compile = [True]  # False: take the kernel only when an earlier process has built it (`prebuilt_only`)
 _warned = set()  # (what, device type) pairs whose fallback has been announced
 
@@ -185,10 +185,12 @@ def load_kernel(device_type):
         try:
             _modules[device_type] = _build(device_type)
         except KernelUnavailable as exc:
-            _modules[device_type] = exc
+            _modules[device_type] = str(exc)
     module = _modules[device_type]
-    if isinstance(module, KernelUnavailable):
-        raise module
+    if isinstance(module, str):
+        # a new exception each time: raising a kept one would add this call's frames to its traceback,
+        # keeping alive whatever they hold (a DDP wrapper, and through it the process group, past teardown)
+        raise KernelUnavailable(module)
     return module
 
 

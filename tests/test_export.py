@@ -21,7 +21,7 @@ from imagegen.benchmarks.browser import CHROMIUM, FLAGS, serve as serve_folder
 from imagegen.data.sets import dataset_info
 from imagegen.errors import UserError
 from imagegen.commands.export import export
-from imagegen.web.site import safetensors_bytes
+from imagegen.web.site import WEB_DIR, safetensors_bytes
 from imagegen.model.transformer import START, build_model
 from imagegen.model.heads import guided_probs
 from imagegen.sampling.decode import branches, generate, guided
@@ -185,6 +185,22 @@ def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset,
 
 
 @pytest.mark.slow
+def test_page_without_webassembly_draws_the_same_bytes(browser, serve, tmp_path):
+    """A site without dense.wasm (exported before it, or a browser without WebAssembly SIMD) runs the
+    products in JavaScript and draws Python's bytes, as the WebAssembly page does."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", seed=2)
+    model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
+    u, py64, moved = safe_uniforms(model, torch.rand(3, model.length, generator=torch.Generator().manual_seed(4)))
+    assert moved < 0.05
+    site = export_site(ck, tmp_path / "site")
+    (site / "dense.wasm").unlink()
+    page = open_page(browser, serve(site) + "?autostart=0")
+    assert page.evaluate("window.imagegen.engine") == "JavaScript"
+    js = torch.tensor(run_in_page(page, n=3, uniforms=u.flatten().tolist())["bytes"], dtype=torch.uint8)
+    assert torch.equal(js, py64)
+
+
+@pytest.mark.slow
 def test_page_draws_a_64x64_colour_image_as_python_does(browser, serve, tmp_path):
     """12,288 sub-pixels (data=folder data.image_size=64, colour): the page's recurrent sampler
     draws, from the same uniforms, the bytes Python's draws."""
@@ -278,26 +294,46 @@ def test_page_refuses_bad_labels(browser, serve, tmp_path):
 
 @pytest.mark.slow
 def test_batched_products_equal_the_reference(browser, serve, tmp_path):
-    """sampler.js's dense (2 outputs x 4 images per block, leftovers one by one) against denseReference."""
+    """sampler.js's products against denseReference (one image, one output at a time): JavaScript's
+    dense (2 outputs x 4 images per block, leftovers one by one) and WebAssembly's (panels of 8 outputs
+    x 4 images, leftovers one by one), at shapes that leave every kind of remainder, with memory
+    growing between calls (weights packed after others were used, scratch for more rows)."""
     ck = tiny_checkpoint(tmp_path / "tiny.pt")
     page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
+    assert page.evaluate("window.imagegen.engine") == "WebAssembly SIMD"     # Chromium runs it
     worst = page.evaluate("""async () => {
-      const {dense, denseReference, uniformGenerator} = await import("./sampler.js");
+      const {WasmProducts, dense, denseReference, uniformGenerator} = await import("./sampler.js");
+      const wasm = WasmProducts.create(new Uint8Array(await (await fetch("dense.wasm")).arrayBuffer()));
       const rand = uniformGenerator(3), fill = (k) => Float32Array.from({length: k}, () => 2 * rand() - 1);
-      let worst = 0;
-      for (const [n, nIn, nOut] of [[1, 7, 5], [3, 16, 9], [4, 33, 8], [5, 64, 3], [16, 32, 96], [18, 5, 1]]) {
-        const x = fill(n * nIn), W = fill(nIn * nOut), b = fill(nOut);
+      const worst = {js: 0, wasm: 0};
+      for (const [n, nIn, nOut] of [[1, 7, 5], [3, 16, 9], [4, 33, 8], [5, 64, 3], [16, 32, 96], [18, 5, 1],
+                                    [9, 300, 17], [40, 1024, 250]]) {
+        const x = fill(n * nIn), W = fill(nIn * nOut), b = fill(nOut), packed = wasm.pack(W, b, nIn, nOut);
+        const Wt = new Float32Array(nIn * nOut);          // (O, I), as dense takes it
+        for (let i = 0; i < nIn; i++) for (let j = 0; j < nOut; j++) Wt[j * nIn + i] = W[i * nOut + j];
         for (const add of [false, true]) {
-          const start = fill(n * nOut), got = start.slice(), want = start.slice();
-          dense(x, n, nIn, W, b, nOut, got, add);
-          denseReference(x, n, nIn, W, b, nOut, want, add);
-          for (let i = 0; i < got.length; i++)
-            worst = Math.max(worst, Math.abs(got[i] - want[i]) / (1 + Math.abs(want[i])));
+          const start = fill(n * nOut), want = start.slice();
+          denseReference(x, n, nIn, Wt, b, nOut, want, add);
+          const got = {js: start.slice(), wasm: start.slice()};
+          dense(x, n, nIn, Wt, b, nOut, got.js, add);
+          wasm.dense(x, n, packed, got.wasm, add);
+          for (const k of ["js", "wasm"])
+            for (let i = 0; i < want.length; i++)
+              worst[k] = Math.max(worst[k], Math.abs(got[k][i] - want[i]) / (1 + Math.abs(want[i])));
         }
       }
       return worst;
     }""")
-    assert worst < 1e-6
+    assert worst["js"] < 1e-6          # both sum in float64 (JavaScript's numbers)
+    assert worst["wasm"] < 1e-4        # float32 sums of up to 1,024 terms of size ~1 (1.1e-5 seen)
+    assert page.errors == []
+
+
+def test_wasm_is_its_source_assembled():
+    """imagegen/web/dense.wasm is dense.wat assembled (wasmtime's wat2wasm, in the dev extra)."""
+    import wasmtime
+    assert wasmtime.wat2wasm((WEB_DIR / "dense.wat").read_text()) == (WEB_DIR / "dense.wasm").read_bytes(), (
+        "dense.wasm is stale: assemble dense.wat again (the command at the top of dense.wat)")
 
 
 @pytest.mark.slow
@@ -347,7 +383,8 @@ def test_page_samples_a_grid_from_the_local_server_only(browser, serve, tmp_path
     ck = tiny_checkpoint(tmp_path / "tiny.pt", data_root=mnist_root)
     site = export_site(ck, tmp_path / "site", examples=4)
     assert sorted(p.name for p in site.iterdir() if p.name != ".imagegen-files.json") == [
-        "config.json", "examples.bin", "index.html", "model.safetensors", "page.js", "sampler.js", "worker.js"]
+        "config.json", "dense.wasm", "examples.bin", "index.html", "model.safetensors", "page.js", "sampler.js",
+        "worker.js"]
     url = serve(site)
     page = open_page(browser, url + "?n=4&seed=5")
     page.wait_for_function("window.imagegen.status === 'done'", timeout=30_000)

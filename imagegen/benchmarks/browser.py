@@ -3,8 +3,9 @@
 
 Both time one decoding step (the model step for a batch of images plus their draws); with linear
 attention the work per step does not depend on the position, so images/sec = batch / (D * step).
-- browser: `window.imagegen.bench(batch, steps)` in the page's Web Worker (JavaScript, float32
-  typed arrays, one thread), the page exported by `imagegen.web.site.write_site` and served from
+- browser: `window.imagegen.bench(batch, steps)` in the page's Web Worker (float32 typed arrays, one
+  thread), with the products on WebAssembly SIMD (what the page runs) and in JavaScript (what it runs
+  without WebAssembly SIMD), the page exported by `imagegen.web.site.write_site` and served from
   127.0.0.1; Chromium is Debian's /usr/bin/chromium driven by Playwright;
 - Python: `imagegen.benchmarks.sampling.step_latency`, the whole step as one C++ call when the
   fused CPU kernel serves the model (the path `imagegen-sample` takes).
@@ -27,6 +28,8 @@ from .report import machine, markdown_table
 from .sampling import step_latency
 
 CHROMIUM = "/usr/bin/chromium"
+SAMPLERS = {"python": "Python ({python_path})", "wasm": "browser (WebAssembly SIMD products, Web Worker)",
+            "js": "browser (JavaScript products, Web Worker)"}
 FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 
@@ -73,7 +76,7 @@ def run(cfg, model_cfg, info):
     model = build_model({**model_cfg, "attention": "linear", "attention_options": {"impl": "auto"}}, info).eval()
     python_path = "one C++ call" if model.init_state(1, torch.device("cpu")).kernel is not None else "PyTorch per layer"
     batches, steps, D = cfg["browser_batches"], cfg["browser_steps"], info.length
-    times = {(who, b): [] for who in ("python", "browser") for b in batches}
+    times = {(who, b): [] for who in ("python", "wasm", "js") for b in batches}
     with tempfile.TemporaryDirectory() as tmp:
         write_site(model, info.name, Path(tmp) / "site")
         with serve(Path(tmp) / "site") as url, chromium(Path(tmp) / "profile") as browser:
@@ -86,18 +89,26 @@ def run(cfg, model_cfg, info):
             for r in range(cfg["browser_rounds"]):
                 for b in batches:
                     times[("python", b)].append(step_latency(model, b, D // 2, reps=steps) * 1e3)
-                    ms = page.evaluate("([n, s]) => window.imagegen.bench(n, s, 10)", [b, steps])["msPerStep"]
-                    times[("browser", b)].append(ms)
-                    print(f"round {r + 1}: batch {b:3d}  python {times[('python', b)][-1]:.3f} ms/step  "
-                          f"browser {ms:.3f} ms/step", flush=True)
+                    for engine in ("wasm", "js"):
+                        got = page.evaluate("([n, s, e]) => window.imagegen.bench(n, s, 10, e)", [b, steps, engine])
+                        if engine == "wasm" and got["engine"] != "WebAssembly SIMD":
+                            raise UserError(f"this Chromium ran the page's products in {got['engine']}, not "
+                                            f"WebAssembly SIMD; use a Chromium with WebAssembly SIMD (version 91 on).")
+                        times[(engine, b)].append(got["msPerStep"])
+                    print(f"round {r + 1}: batch {b:3d}  python {times[('python', b)][-1]:.3f} ms/step  browser "
+                          f"{times[('wasm', b)][-1]:.3f} (WebAssembly), {times[('js', b)][-1]:.3f} (JavaScript) "
+                          f"ms/step", flush=True)
     base = statistics.median(times[("python", batches[0])])
     rows = []
     for (who, b), ms in times.items():
         med = statistics.median(ms)
-        rows.append({"sampler": f"Python ({python_path})" if who == "python" else "browser (JavaScript, Web Worker)",
+        rows.append({"sampler": SAMPLERS[who].format(python_path=python_path),
                      "batch": b, "ms_per_step": med, "images_per_sec": b / (D * med / 1e3),
                      "vs_python_batch1": med / base, "all_ms": ms})
     rows.sort(key=lambda row: (row["batch"], row["sampler"]))
+    for row in rows:                      # images/sec over the same sampler's at the smallest batch
+        first = next(r for r in rows if r["sampler"] == row["sampler"])
+        row["vs_batch1"] = row["images_per_sec"] / first["images_per_sec"]
     return {"rows": rows, "python_path": python_path, "chromium": browser_version(), "steps": steps}
 
 
@@ -111,7 +122,8 @@ def browser_version():
 
 def report(result, cfg, arch_name, info, model_cfg):
     cols = [("sampler", "sampler", None), ("batch", "batch", None), ("ms_per_step", "ms per step", "{:.3f}"),
-            ("images_per_sec", "images/sec", "{:.3g}"), ("vs_python_batch1", "x Python's batch-1 step", "{:.2f}")]
+            ("images_per_sec", "images/sec", "{:.3g}"), ("vs_batch1", "images/sec over its first batch's", "{:.2f}"),
+            ("vs_python_batch1", "x Python's batch-1 step", "{:.2f}")]
     return (f"Decoding-step speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
             f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, d_ff {model_cfg['d_ff']}, "
             f"{model_cfg['head']} head, "

@@ -148,7 +148,7 @@ def auto_bf16(device, dims=None, batch=None, backward=True):
                                    train_products(D, F, backward))
         if verdict is not None:
             return verdict.chosen, (f"bfloat16 products measured {verdict.ratio:.2f}x float32's speed here, "
-                                    f"{'enough' if verdict.chosen else 'below'} the {probe.MARGIN:.2f}x asked "
+                                    f"{'at least' if verdict.chosen else 'below'} the {probe.MARGIN:.2f}x asked "
                                     f"({verdict.where()})")
     fast, why = fast_bf16(device)
     return fast, why

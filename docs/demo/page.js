@@ -8,7 +8,7 @@ let config = null, examples = null, nextId = 0, pending = null, padBytes = null;
 
 const api = window.imagegen = {
   status: "loading", error: null, config: null, n: 0, row: 0, rows: 0, bytes: null, params: null,
-  msPerStep: null, imagesPerSec: null,
+  msPerStep: null, imagesPerSec: null, engine: null,
   /** Sample: opts {n, seed, temperature, uniforms (n*L numbers in [0, 1), image-major, or null), prefix
    * (one list of bytes kept in every image, or n lists), labels (class-conditional models: one class
    * number for every image, or n of them, -1 = none; null/absent = unconditional), guidance (G, default
@@ -16,8 +16,9 @@ const api = window.imagegen = {
    * Resolves to {bytes (n lists of L bytes), params (Float32Array n*L*P, zeros over the prefix, or null),
    * msPerStep}. */
   run: (opts) => start(opts),
-  /** ms per step for n images, timed over `steps` positions after `warmup`. */
-  bench: (n, steps = 100, warmup = 10) => request({type: "bench", n, steps, warmup}),
+  /** {msPerStep, engine} for n images, timed over `steps` positions after `warmup`; engine "js" times
+   * JavaScript's products where WebAssembly SIMD would run them (api.engine: what sampling runs). */
+  bench: (n, steps = 100, warmup = 10, engine = null) => request({type: "bench", n, steps, warmup, engine}),
 };
 
 function request(message) {
@@ -135,7 +136,7 @@ function start(opts = {}) {
 }
 
 worker.onmessage = ({data}) => {
-  if (data.type === "ready") return ready(data.config);
+  if (data.type === "ready") { api.engine = data.engine; return ready(data.config); }
   if (data.type === "error" && !data.id) return fail(data.message);
   if (!pending || data.id !== pending.id) return;              // a cancelled run
   if (data.type === "rows") {
@@ -151,7 +152,7 @@ worker.onmessage = ({data}) => {
   const {resolve, reject} = pending;
   pending = null;
   if (data.type === "error") { fail(data.message); reject(new Error(data.message)); return; }
-  if (data.type === "bench") { resolve({msPerStep: data.msPerStep}); return; }
+  if (data.type === "bench") { resolve({msPerStep: data.msPerStep, engine: data.engine}); return; }
   const L = config.length;
   api.bytes = images.map((_, r) => Array.from(data.bytes.subarray(r * L, (r + 1) * L)));
   api.params = data.params;                                     // Float32Array (N * L * P) or null
@@ -159,7 +160,7 @@ worker.onmessage = ({data}) => {
   api.imagesPerSec = images.length / data.seconds;
   api.status = "done";
   $("stats").textContent = `done: ${images.length} images, ${data.rows} rows sampled · ${data.msPerStep.toFixed(2)} ms per ` +
-    `step · ${api.imagesPerSec.toFixed(2)} images/sec`;
+    `step · ${api.imagesPerSec.toFixed(2)} images/sec · products on ${api.engine}`;
   resolve({bytes: api.bytes, params: api.params, msPerStep: api.msPerStep});
 };
 worker.onerror = (e) => fail(`the sampler worker failed: ${e.message}`);

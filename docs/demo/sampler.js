@@ -3,7 +3,8 @@
 // phi = elu + 1 and per-head state S (E x E) and z (E), exact-GELU feed-forward, ln_f, proj)
 // and the inverse-CDF draw of imagegen.model.heads.sample, guided as heads.guided_probs for
 // class-conditional models. N images step together: the products run weights outer, batch inner,
-// four images per weight load (`dense`), so a batch shares each weight read.
+// four images per weight load, so a batch shares each weight read; on WebAssembly SIMD (dense.wat,
+// `WasmProducts`) where the browser has it, else in JavaScript (`dense`).
 // Shape letters: N images (rows), D model dim, H heads, E head dim, F feed-forward dim, P head params,
 // C classes, T positions.
 // No DOM, no network: the worker (worker.js) and tests import it.
@@ -76,6 +77,68 @@ export function dense(x, n, nIn, Wt, b, nOut, out, add) {
 
 const put = (out, o, v, add) => { out[o] = add ? out[o] + v : v; };
 
+/** The products on WebAssembly 128-bit SIMD (dense.wasm, assembled from dense.wat): 6-8x `dense`
+ * (docs/browser.md). Each weight matrix is packed once into the module's memory, in panels of 8
+ * outputs (I x 8 floats each, outputs padded to a multiple of 8); per call x is copied in and out
+ * copied back, N (I + O) floats against the product's N I O. */
+export class WasmProducts {
+  /** bytes: dense.wasm; null where this browser runs no WebAssembly SIMD (the caller uses `dense`). */
+  static create(bytes) {
+    if (!bytes || typeof WebAssembly === "undefined" || !WebAssembly.validate(bytes)) return null;
+    return new WasmProducts(bytes);
+  }
+
+  constructor(bytes) {
+    this.memory = new WebAssembly.Memory({initial: 1});
+    this.run = new WebAssembly.Instance(new WebAssembly.Module(bytes), {env: {memory: this.memory}}).exports.dense;
+    this.top = 0;                  // floats allocated so far
+    this.room = 0;                 // floats the scratch x and out hold each (at this.x, this.out)
+  }
+
+  /** The offset (in floats, 16-byte aligned) of k new floats; the memory grows as needed. */
+  alloc(k) {
+    const at = this.top;
+    this.top += Math.ceil(k / 4) * 4;
+    const short = this.top * 4 - this.memory.buffer.byteLength;
+    if (short > 0) this.memory.grow(Math.ceil(short / 65536));
+    return at;
+  }
+
+  /** A float view of the memory (a new one after the memory grew: growing detaches the old). */
+  view() {
+    if (!this.f32 || this.f32.buffer !== this.memory.buffer) this.f32 = new Float32Array(this.memory.buffer);
+    return this.f32;
+  }
+
+  /** W (I, O) as stored by imagegen.layers.Dense and b (O) -> the packed layer for `dense`. */
+  pack(W, b, nIn, nOut) {
+    const nOutP = Math.ceil(nOut / 8) * 8, w = this.alloc(nIn * nOutP), bias = this.alloc(nOutP), m = this.view();
+    for (let i = 0; i < nIn; i++)
+      for (let j = 0; j < nOut; j++) m[w + (j >> 3) * nIn * 8 + i * 8 + (j & 7)] = W[i * nOut + j];
+    m.set(b, bias);
+    return {nIn, nOut, nOutP, w, b: bias};
+  }
+
+  /** out (N, O) = x (N, I) @ W + b for a packed layer p; add=true adds to out instead (as `dense`). */
+  dense(x, n, p, out, add) {
+    const need = n * Math.max(p.nIn, p.nOutP);
+    if (need > this.room) {        // scratch for the largest call so far (the old scratch is left unused)
+      this.room = need;
+      this.x = this.alloc(need);
+      this.out = this.alloc(need);
+    }
+    let m = this.view();
+    m.set(x.subarray(0, n * p.nIn), this.x);
+    this.run(this.x * 4, n, p.nIn, p.w * 4, p.b * 4, p.nOutP, this.out * 4);
+    m = this.view();
+    for (let r = 0; r < n; r++) {
+      const o = this.out + r * p.nOutP, d = r * p.nOut;
+      if (add) for (let j = 0; j < p.nOut; j++) out[d + j] += m[o + j];
+      else out.set(m.subarray(o, o + p.nOut), d);
+    }
+  }
+}
+
 /** sum_i x[xo + i] * w[wo + i] over i < m, four partial sums (independent additions). */
 function dot(x, xo, w, wo, m) {
   let s0 = 0, s1 = 0, s2 = 0, s3 = 0, i = 0;
@@ -113,13 +176,20 @@ export function erf(x) {
 const phi = (x) => (x > 0 ? x + 1 : Math.exp(x));   // elu(x) + 1
 
 export class Model {
-  /** config: config.json written by imagegen-export; tensors: parseSafetensors(model.safetensors). */
-  constructor(config, tensors) {
+  /** config: config.json written by imagegen-export; tensors: parseSafetensors(model.safetensors);
+   * wasm: a WasmProducts to run the products on, or null (JavaScript's `dense`). */
+  constructor(config, tensors, wasm = null) {
     const get = (name) => {
       if (!(name in tensors)) throw new Error(`model.safetensors has no tensor ${name}`);
       return tensors[name];
     };
+    const linear = (name) => {   // a Dense layer's weight (I, O) and bias, as `product` takes them
+      const w = get(name + ".weight"), b = get(name + ".bias").data, [nIn, nOut] = w.shape;
+      return wasm ? {packed: wasm.pack(w.data, b, nIn, nOut)} : {Wt: transposed(w), b, nIn, nOut};
+    };
     this.config = config;
+    this.wasm = wasm;
+    this.engine = wasm ? "WebAssembly SIMD" : "JavaScript";
     const c = config;
     this.D = c.d_model; this.H = c.n_heads; this.E = c.d_model / c.n_heads; this.F = c.d_ff; this.P = c.head_params;
     this.length = c.length; this.channels = c.channels; this.width = c.width;
@@ -132,14 +202,17 @@ export class Model {
       const p = `blocks.${l}.`, d = (n) => get(p + n).data;
       this.blocks.push({
         ln1w: d("ln1.weight"), ln1b: d("ln1.bias"), ln2w: d("ln2.weight"), ln2b: d("ln2.bias"),
-        qkv: transposed(get(p + "attn.qkv.weight")), qkvb: d("attn.qkv.bias"),
-        out: transposed(get(p + "attn.out.weight")), outb: d("attn.out.bias"),
-        ff1: transposed(get(p + "ff.0.weight")), ff1b: d("ff.0.bias"),
-        ff2: transposed(get(p + "ff.2.weight")), ff2b: d("ff.2.bias"),
+        qkv: linear(p + "attn.qkv"), out: linear(p + "attn.out"), ff1: linear(p + "ff.0"), ff2: linear(p + "ff.2"),
       });
     }
     this.lnfw = get("ln_f.weight").data; this.lnfb = get("ln_f.bias").data;
-    this.proj = transposed(get("proj.weight")); this.projb = get("proj.bias").data;
+    this.proj = linear("proj");
+  }
+
+  /** out (N, O) = x (N, I) @ W + b for a layer made by the constructor's `linear`; add=true adds. */
+  product(layer, x, n, out, add) {
+    if (layer.packed) this.wasm.dense(x, n, layer.packed, out, add);
+    else dense(x, n, layer.nIn, layer.Wt, layer.b, layer.nOut, out, add);
   }
 
   /** Decoding state for n images: per layer S (N, H, E, E) and z (N, H, E), each image's label row
@@ -169,9 +242,9 @@ export class Model {
   step(tokens, s) {
     this.embed(tokens, s, 1);
     this.layers(s, 1);
-    const {D, P} = this, n = s.n;
+    const {D} = this, n = s.n;
     layerNorm(s.h, n, D, this.lnfw, this.lnfb, this.config.ln_eps, s.a);
-    dense(s.a, n, D, this.proj, this.projb, P, s.params, false);
+    this.product(this.proj, s.a, n, s.params, false);
     s.t++;
   }
 
@@ -208,7 +281,7 @@ export class Model {
     const {D, H, E, F} = this, n = s.n, m = n * T, eps = this.config.ln_eps, attEps = this.config.attention_eps;
     this.blocks.forEach((b, l) => {
       layerNorm(s.h, m, D, b.ln1w, b.ln1b, eps, s.a);
-      dense(s.a, m, D, b.qkv, b.qkvb, 3 * D, s.qkv, false);
+      this.product(b.qkv, s.a, m, s.qkv, false);
       const S = s.S[l], z = s.z[l], qkv = s.qkv, att = s.att;
       for (let r = 0; r < n; r++) {
         for (let hh = 0; hh < H; hh++) {
@@ -232,11 +305,11 @@ export class Model {
           }
         }
       }
-      dense(att, m, D, b.out, b.outb, D, s.h, true);               // h += attention
+      this.product(b.out, att, m, s.h, true);                      // h += attention
       layerNorm(s.h, m, D, b.ln2w, b.ln2b, eps, s.a);
-      dense(s.a, m, D, b.ff1, b.ff1b, F, s.ff, false);
+      this.product(b.ff1, s.a, m, s.ff, false);
       for (let i = 0; i < m * F; i++) { const x = s.ff[i]; s.ff[i] = 0.5 * x * (1 + erf(x * Math.SQRT1_2)); }
-      dense(s.ff, m, F, b.ff2, b.ff2b, D, s.h, true);              // h += feed-forward
+      this.product(b.ff2, s.ff, m, s.h, true);                     // h += feed-forward
     });
   }
 

@@ -1,23 +1,28 @@
 // Web Worker: loads the exported model and runs the sampling loop off the page's thread.
 // Messages in:  {type: "run", id, n, seed, temperature, uniforms (N*L or null), prefix (N*start or null),
 //                start, recordParams, labels (N class numbers, -1 none, or null), guidance}
-//               | {type: "bench", id, n, steps, warmup} | {type: "cancel", id}
-// Messages out: {type: "ready", config} | {type: "rows", id, t0, t1, bytes (N*(t1-t0)), row, rows, msPerStep, prefixMs}
-//               | {type: "done", id, bytes, params, msPerStep, prefixMs, seconds, rows} | {type: "bench", id, msPerStep}
+//               | {type: "bench", id, n, steps, warmup, engine ("js": JavaScript's products even where
+//                 WebAssembly SIMD runs)} | {type: "cancel", id}
+// Messages out: {type: "ready", config, engine} | {type: "rows", id, t0, t1, bytes (N*(t1-t0)), row, rows, msPerStep, prefixMs}
+//               | {type: "done", id, bytes, params, msPerStep, prefixMs, seconds, rows}
+//               | {type: "bench", id, msPerStep, engine}
 //               | {type: "error", message}
 // msPerStep: per sampled position (the prefix is fed in one pass beforehand, prefixMs); row/rows count
 // the image rows sampled, not the given ones.
-import {Model, draw, parseSafetensors, probs, uniformGenerator} from "./sampler.js";
+import {Model, WasmProducts, draw, parseSafetensors, probs, uniformGenerator} from "./sampler.js";
 
-let model = null, current = 0;
+let model = null, current = 0, jsModel = null, weights = null;
 
 async function load() {
-  const [config, weights] = await Promise.all([
+  const [config, buffer, wasm] = await Promise.all([
     fetch("config.json").then((r) => r.json()),
     fetch("model.safetensors").then((r) => r.arrayBuffer()),
+    // the SIMD products; without them (a site exported before them, a browser without SIMD) JavaScript's
+    fetch("dense.wasm").then((r) => (r.ok ? r.arrayBuffer() : null)).catch(() => null),
   ]);
-  model = new Model(config, parseSafetensors(weights));
-  postMessage({type: "ready", config});
+  weights = buffer;
+  model = new Model(config, parseSafetensors(weights), WasmProducts.create(wasm && new Uint8Array(wasm)));
+  postMessage({type: "ready", config, engine: model.engine});
 }
 
 // Yield to the message queue between rows, so that a newer request can cancel this one.
@@ -93,19 +98,22 @@ async function run({id, n, seed, temperature, uniforms, prefix, start, recordPar
                seconds: (now - t0) / 1000, rows});
 }
 
-/** ms per step (model step and draws) for n images, timed over `steps` positions after `warmup`. */
-function bench({id, n, steps, warmup}) {
-  const state = model.init(n), tokens = new Int32Array(n), rand = uniformGenerator(0);
+/** ms per step (model step and draws) for n images, timed over `steps` positions after `warmup`;
+ * engine "js" times JavaScript's products (a second model, made on first use). */
+function bench({id, n, steps, warmup, engine}) {
+  if (engine === "js" && !jsModel) jsModel = model.wasm ? new Model(model.config, parseSafetensors(weights)) : model;
+  const m = engine === "js" ? jsModel : model;
+  const state = m.init(n), tokens = new Int32Array(n), rand = uniformGenerator(0);
   const once = () => {
-    if (state.t === model.length) state.t = 0;     // constant work per step: wrap around
+    if (state.t === m.length) state.t = 0;         // constant work per step: wrap around
     for (let r = 0; r < n; r++) tokens[r] = Math.floor(rand() * 256);
-    model.step(tokens, state);
-    for (let r = 0; r < n; r++) draw(probs(model.config, state.params, r * model.P, 1), rand());
+    m.step(tokens, state);
+    for (let r = 0; r < n; r++) draw(probs(m.config, state.params, r * m.P, 1), rand());
   };
   for (let i = 0; i < warmup; i++) once();
   const t0 = performance.now();
   for (let i = 0; i < steps; i++) once();
-  postMessage({type: "bench", id, msPerStep: (performance.now() - t0) / steps});
+  postMessage({type: "bench", id, msPerStep: (performance.now() - t0) / steps, engine: m.engine});
 }
 
 const loaded = load().catch((e) => postMessage({type: "error", message: `could not load the model: ${e.message}`}));

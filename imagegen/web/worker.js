@@ -11,16 +11,15 @@
 // the image rows sampled, not the given ones.
 import {Model, WasmProducts, draw, parseSafetensors, probs, uniformGenerator} from "./sampler.js";
 
-let model = null, current = 0, jsModel = null, weights = null;
+let model = null, current = 0, jsModel = null;
 
 async function load() {
-  const [config, buffer, wasm] = await Promise.all([
+  const [config, weights, wasm] = await Promise.all([
     fetch("config.json").then((r) => r.json()),
     fetch("model.safetensors").then((r) => r.arrayBuffer()),
     // the SIMD products; without them (a site exported before them, a browser without SIMD) JavaScript's
     fetch("dense.wasm").then((r) => (r.ok ? r.arrayBuffer() : null)).catch(() => null),
   ]);
-  weights = buffer;
   model = new Model(config, parseSafetensors(weights), WasmProducts.create(wasm && new Uint8Array(wasm)));
   postMessage({type: "ready", config, engine: model.engine});
 }
@@ -100,8 +99,11 @@ async function run({id, n, seed, temperature, uniforms, prefix, start, recordPar
 
 /** ms per step (model step and draws) for n images, timed over `steps` positions after `warmup`;
  * engine "js" times JavaScript's products (a second model, made on first use). */
-function bench({id, n, steps, warmup, engine}) {
-  if (engine === "js" && !jsModel) jsModel = model.wasm ? new Model(model.config, parseSafetensors(weights)) : model;
+async function bench({id, n, steps, warmup, engine}) {
+  if (engine === "js" && !jsModel) {
+    jsModel = model.wasm ? new Model(model.config, parseSafetensors(await (await fetch("model.safetensors")).arrayBuffer()))
+      : model;
+  }
   const m = engine === "js" ? jsModel : model;
   const state = m.init(n), tokens = new Int32Array(n), rand = uniformGenerator(0);
   const once = () => {
@@ -123,7 +125,7 @@ onmessage = async ({data}) => {
   if (data.type === "cancel") return;
   try {
     if (data.type === "run") await run(data);
-    else if (data.type === "bench") bench(data);
+    else if (data.type === "bench") await bench(data);
   } catch (e) {
     postMessage({type: "error", id: data.id, message: e.message});
   }

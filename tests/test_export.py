@@ -186,14 +186,14 @@ def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset,
 
 @pytest.mark.slow
 def test_page_without_webassembly_draws_the_same_bytes(browser, serve, tmp_path):
-    """A site without dense.wasm (exported before it, or a browser without WebAssembly SIMD) runs the
-    products in JavaScript and draws Python's bytes, as the WebAssembly page does."""
+    """A site without kernels.wasm (exported before it, or a browser without WebAssembly SIMD) runs the
+    products and the attention in JavaScript and draws Python's bytes, as the WebAssembly page does."""
     ck = tiny_checkpoint(tmp_path / "tiny.pt", seed=2)
     model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
     u, py64, moved = safe_uniforms(model, torch.rand(3, model.length, generator=torch.Generator().manual_seed(4)))
     assert moved < 0.05
     site = export_site(ck, tmp_path / "site")
-    (site / "dense.wasm").unlink()
+    (site / "kernels.wasm").unlink()
     page = open_page(browser, serve(site) + "?autostart=0")
     assert page.evaluate("window.imagegen.engine") == "JavaScript"
     js = torch.tensor(run_in_page(page, n=3, uniforms=u.flatten().tolist())["bytes"], dtype=torch.uint8)
@@ -302,8 +302,8 @@ def test_batched_products_equal_the_reference(browser, serve, tmp_path):
     page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
     assert page.evaluate("window.imagegen.engine") == "WebAssembly SIMD"     # Chromium runs it
     worst = page.evaluate("""async () => {
-      const {WasmProducts, dense, denseReference, uniformGenerator} = await import("./sampler.js");
-      const wasm = WasmProducts.create(new Uint8Array(await (await fetch("dense.wasm")).arrayBuffer()));
+      const {WasmKernels, dense, denseReference, uniformGenerator} = await import("./sampler.js");
+      const wasm = WasmKernels.create(new Uint8Array(await (await fetch("kernels.wasm")).arrayBuffer()));
       const rand = uniformGenerator(3), fill = (k) => Float32Array.from({length: k}, () => 2 * rand() - 1);
       const worst = {js: 0, wasm: 0};
       for (const [n, nIn, nOut] of [[1, 7, 5], [3, 16, 9], [4, 33, 8], [5, 64, 3], [16, 32, 96], [18, 5, 1],
@@ -329,11 +329,48 @@ def test_batched_products_equal_the_reference(browser, serve, tmp_path):
     assert page.errors == []
 
 
+@pytest.mark.slow
+def test_wasm_attention_equals_the_javascript_recurrence(browser, serve, tmp_path):
+    """WasmKernels.attend against Model.attend (the JavaScript recurrence) from the same random state,
+    over several positions per image (a prefix's pass) and one (a step): outputs and the state after."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt")
+    page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
+    worst = page.evaluate("""async () => {
+      const {Model, WasmKernels, uniformGenerator} = await import("./sampler.js");
+      const wasm = WasmKernels.create(new Uint8Array(await (await fetch("kernels.wasm")).arrayBuffer()));
+      const rand = uniformGenerator(5);
+      const fill = (k, lo = -1) => Float32Array.from({length: k}, () => lo + (1 - lo) * rand());
+      const phi = (x) => (x > 0 ? x + 1 : Math.exp(x));
+      let worst = 0;
+      const close = (a, b) => {
+        for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]) / (1 + Math.abs(b[i])));
+      };
+      for (const [n, T, H, E] of [[1, 1, 2, 4], [3, 5, 2, 8], [2, 1, 4, 12], [5, 3, 8, 32]]) {
+        const D = H * E, qkv = fill(n * T * 3 * D), S0 = fill(n * H * E * E), z0 = fill(n * H * E, 0);
+        const js = {n, S: [S0.slice()], z: [z0.slice()], qkv: qkv.slice(), att: new Float32Array(n * T * D)};
+        Model.prototype.attend.call({D, H, E}, js, 0, T, 1e-6);
+        const S = wasm.alloc(S0.length), z = wasm.alloc(z0.length), att = new Float32Array(n * T * D);
+        wasm.view().set(S0, S); wasm.view().set(z0, z);
+        const mapped = qkv.slice();
+        for (let row = 0; row < n * T; row++)
+          for (let i = row * 3 * D; i < row * 3 * D + 2 * D; i++) mapped[i] = phi(mapped[i]);
+        wasm.attend(mapped, n, T, S, z, att, H, E, 1e-6);
+        close(att, js.att);
+        close(wasm.view().subarray(S, S + S0.length), js.S[0]);
+        close(wasm.view().subarray(z, z + z0.length), js.z[0]);
+        wasm.free(S, S0.length); wasm.free(z, z0.length);
+      }
+      return worst;
+    }""")
+    assert worst < 1e-5
+    assert page.errors == []
+
+
 def test_wasm_is_its_source_assembled():
-    """imagegen/web/dense.wasm is dense.wat assembled (wasmtime's wat2wasm, in the dev extra)."""
+    """imagegen/web/kernels.wasm is kernels.wat assembled (wasmtime's wat2wasm, in the dev extra)."""
     import wasmtime
-    assert wasmtime.wat2wasm((WEB_DIR / "dense.wat").read_text()) == (WEB_DIR / "dense.wasm").read_bytes(), (
-        "dense.wasm is stale: assemble dense.wat again (the command at the top of dense.wat)")
+    assert wasmtime.wat2wasm((WEB_DIR / "kernels.wat").read_text()) == (WEB_DIR / "kernels.wasm").read_bytes(), (
+        "kernels.wasm is stale: assemble kernels.wat again (the command at the top of kernels.wat)")
 
 
 @pytest.mark.slow
@@ -383,7 +420,7 @@ def test_page_samples_a_grid_from_the_local_server_only(browser, serve, tmp_path
     ck = tiny_checkpoint(tmp_path / "tiny.pt", data_root=mnist_root)
     site = export_site(ck, tmp_path / "site", examples=4)
     assert sorted(p.name for p in site.iterdir() if p.name != ".imagegen-files.json") == [
-        "config.json", "dense.wasm", "examples.bin", "index.html", "model.safetensors", "page.js", "sampler.js",
+        "config.json", "examples.bin", "index.html", "kernels.wasm", "model.safetensors", "page.js", "sampler.js",
         "worker.js"]
     url = serve(site)
     page = open_page(browser, url + "?n=4&seed=5")

@@ -1,7 +1,7 @@
 // Web Worker: loads the exported model and runs the sampling loop off the page's thread.
 // Messages in:  {type: "run", id, n, seed, temperature, uniforms (N*L or null), prefix (N*start or null),
 //                start, recordParams, labels (N class numbers, -1 none, or null), guidance}
-//               | {type: "bench", id, n, steps, warmup, engine ("js": JavaScript's products even where
+//               | {type: "bench", id, n, steps, warmup, engine ("js": JavaScript alone even where
 //                 WebAssembly SIMD runs)} | {type: "cancel", id}
 // Messages out: {type: "ready", config, engine} | {type: "rows", id, t0, t1, bytes (N*(t1-t0)), row, rows, msPerStep, prefixMs}
 //               | {type: "done", id, bytes, params, msPerStep, prefixMs, seconds, rows}
@@ -9,7 +9,7 @@
 //               | {type: "error", message}
 // msPerStep: per sampled position (the prefix is fed in one pass beforehand, prefixMs); row/rows count
 // the image rows sampled, not the given ones.
-import {Model, WasmProducts, draw, parseSafetensors, probs, uniformGenerator} from "./sampler.js";
+import {Model, WasmKernels, draw, parseSafetensors, probs, uniformGenerator} from "./sampler.js";
 
 let model = null, current = 0, jsModel = null;
 
@@ -17,10 +17,10 @@ async function load() {
   const [config, weights, wasm] = await Promise.all([
     fetch("config.json").then((r) => r.json()),
     fetch("model.safetensors").then((r) => r.arrayBuffer()),
-    // the SIMD products; without them (a site exported before them, a browser without SIMD) JavaScript's
-    fetch("dense.wasm").then((r) => (r.ok ? r.arrayBuffer() : null)).catch(() => null),
+    // the SIMD kernels; without them (a site exported before them, a browser without SIMD) JavaScript's
+    fetch("kernels.wasm").then((r) => (r.ok ? r.arrayBuffer() : null)).catch(() => null),
   ]);
-  model = new Model(config, parseSafetensors(weights), WasmProducts.create(wasm && new Uint8Array(wasm)));
+  model = new Model(config, parseSafetensors(weights), WasmKernels.create(wasm && new Uint8Array(wasm)));
   postMessage({type: "ready", config, engine: model.engine});
 }
 
@@ -58,14 +58,26 @@ function feedPrefix(state, runLabels, n, prefix, start) {
     model.prefill(tokens, k, shared);
   }
   rowOf.forEach((u, r) => model.copyState(shared, u, state, r));
+  model.release(shared);
   state.t = start;
   return U;
 }
 
-async function run({id, n, seed, temperature, uniforms, prefix, start, recordParams, labels, guidance}) {
-  const L = model.length, P = model.P, cfg = model.config, rowLen = model.width * model.channels;
-  const {guide, labels: runLabels, B} = branches(n, labels, guidance);
-  const x = new Uint8Array(n * L), tokens = new Int32Array(B), state = model.init(B, runLabels);
+async function run(request) {
+  const {guide, labels: runLabels, B} = branches(request.n, request.labels, request.guidance);
+  const state = model.init(B, runLabels);
+  try {
+    await sample(request, state, guide, runLabels);
+  } finally {
+    model.release(state);
+  }
+}
+
+/** Sample into `state` (B rows, made by `run`): the prefix fed, then row by row to the end. */
+async function sample({id, n, seed, temperature, uniforms, prefix, start, recordParams, guidance}, state, guide,
+                      runLabels) {
+  const L = model.length, P = model.P, cfg = model.config, rowLen = model.width * model.channels, B = state.n;
+  const x = new Uint8Array(n * L), tokens = new Int32Array(B);
   const params = recordParams ? new Float32Array(n * L * P) : null;
   const rand = uniformGenerator(seed);
   const rows = Math.ceil((L - start) / rowLen);   // image rows actually sampled (a completion: the hidden part)
@@ -98,7 +110,7 @@ async function run({id, n, seed, temperature, uniforms, prefix, start, recordPar
 }
 
 /** ms per step (model step and draws) for n images, timed over `steps` positions after `warmup`;
- * engine "js" times JavaScript's products (a second model, made on first use). */
+ * engine "js" times JavaScript alone (a second model, made on first use). */
 async function bench({id, n, steps, warmup, engine}) {
   if (engine === "js" && !jsModel) {
     jsModel = model.wasm ? new Model(model.config, parseSafetensors(await (await fetch("model.safetensors")).arrayBuffer()))
@@ -115,7 +127,9 @@ async function bench({id, n, steps, warmup, engine}) {
   for (let i = 0; i < warmup; i++) once();
   const t0 = performance.now();
   for (let i = 0; i < steps; i++) once();
-  postMessage({type: "bench", id, msPerStep: (performance.now() - t0) / steps, engine: m.engine});
+  const msPerStep = (performance.now() - t0) / steps;
+  m.release(state);
+  postMessage({type: "bench", id, msPerStep, engine: m.engine});
 }
 
 const loaded = load().catch((e) => postMessage({type: "error", message: `could not load the model: ${e.message}`}));

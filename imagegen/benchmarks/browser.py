@@ -4,9 +4,9 @@
 Both time one decoding step (the model step for a batch of images plus their draws); with linear
 attention the work per step does not depend on the position, so images/sec = batch / (D * step).
 - browser: `window.imagegen.bench(batch, steps)` in the page's Web Worker (float32 typed arrays, one
-  thread), with the products on WebAssembly SIMD (what the page runs) and in JavaScript (what it runs
-  without WebAssembly SIMD), the page exported by `imagegen.web.site.write_site` and served from
-  127.0.0.1; Chromium is Debian's /usr/bin/chromium driven by Playwright;
+  thread), with the products and the attention on WebAssembly SIMD (what the page runs) and all in
+  JavaScript (what it runs without WebAssembly SIMD), the page exported by
+  `imagegen.web.site.write_site` and served from 127.0.0.1; Chromium is Debian's /usr/bin/chromium driven by Playwright;
 - Python: `imagegen.benchmarks.sampling.step_latency`, the whole step as one C++ call when the
   fused CPU kernel serves the model (the path `imagegen-sample` takes).
 Rounds alternate the two (median over `browser_rounds`), so load from other processes hits both.
@@ -28,8 +28,8 @@ from .report import machine, markdown_table
 from .sampling import step_latency
 
 CHROMIUM = "/usr/bin/chromium"
-SAMPLERS = {"python": "Python ({python_path})", "wasm": "browser (WebAssembly SIMD products, Web Worker)",
-            "js": "browser (JavaScript products, Web Worker)"}
+SAMPLERS = {"python": "Python ({python_path})", "wasm": "browser (WebAssembly SIMD, Web Worker)",
+            "js": "browser (JavaScript only, Web Worker)"}
 FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 
@@ -92,7 +92,7 @@ def run(cfg, model_cfg, info):
                     for engine in ("wasm", "js"):
                         got = page.evaluate("([n, s, e]) => window.imagegen.bench(n, s, 10, e)", [b, steps, engine])
                         if engine == "wasm" and got["engine"] != "WebAssembly SIMD":
-                            raise UserError(f"this Chromium ran the page's products in {got['engine']}, not "
+                            raise UserError(f"this Chromium ran the page's arithmetic in {got['engine']}, not "
                                             f"WebAssembly SIMD; use a Chromium with WebAssembly SIMD (version 91 on).")
                         times[(engine, b)].append(got["msPerStep"])
                     print(f"round {r + 1}: batch {b:3d}  python {times[('python', b)][-1]:.3f} ms/step  browser "

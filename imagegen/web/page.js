@@ -17,7 +17,8 @@ const api = window.imagegen = {
    * msPerStep}. */
   run: (opts) => start(opts),
   /** {msPerStep, engine} for n images, timed over `steps` positions after `warmup`; engine "js" times
-   * JavaScript's products where WebAssembly SIMD would run them (api.engine: what sampling runs). */
+   * JavaScript alone where WebAssembly SIMD would run the products and attention (api.engine: what
+   * sampling runs). */
   bench: (n, steps = 100, warmup = 10, engine = null) => request({type: "bench", n, steps, warmup, engine}),
 };
 
@@ -160,7 +161,7 @@ worker.onmessage = ({data}) => {
   api.imagesPerSec = images.length / data.seconds;
   api.status = "done";
   $("stats").textContent = `done: ${images.length} images, ${data.rows} rows sampled · ${data.msPerStep.toFixed(2)} ms per ` +
-    `step · ${api.imagesPerSec.toFixed(2)} images/sec · products on ${api.engine}`;
+    `step · ${api.imagesPerSec.toFixed(2)} images/sec · ${api.engine}`;
   resolve({bytes: api.bytes, params: api.params, msPerStep: api.msPerStep});
 };
 worker.onerror = (e) => fail(`the sampler worker failed: ${e.message}`);

@@ -3,8 +3,9 @@
 // phi = elu + 1 and per-head state S (E x E) and z (E), exact-GELU feed-forward, ln_f, proj)
 // and the inverse-CDF draw of imagegen.model.heads.sample, guided as heads.guided_probs for
 // class-conditional models. N images step together: the products run weights outer, batch inner,
-// four images per weight load, so a batch shares each weight read; on WebAssembly SIMD (dense.wat,
-// `WasmProducts`) where the browser has it, else in JavaScript (`dense`).
+// four images per weight load, so a batch shares each weight read. The products and the attention's
+// recurrence run on WebAssembly SIMD (kernels.wat, `WasmKernels`) where the browser has it, else in
+// JavaScript (`dense` and the loop in `Model.layers`, also the reference the tests compare with).
 // Shape letters: N images (rows), D model dim, H heads, E head dim, F feed-forward dim, P head params,
 // C classes, T positions.
 // No DOM, no network: the worker (worker.js) and tests import it.
@@ -77,31 +78,56 @@ export function dense(x, n, nIn, Wt, b, nOut, out, add) {
 
 const put = (out, o, v, add) => { out[o] = add ? out[o] + v : v; };
 
-/** The products on WebAssembly 128-bit SIMD (dense.wasm, assembled from dense.wat): 6-8x `dense`
- * (docs/browser.md). Each weight matrix is packed once into the module's memory, in panels of 8
- * outputs (I x 8 floats each, outputs padded to a multiple of 8); per call x is copied in and out
- * copied back, N (I + O) floats against the product's N I O. */
-export class WasmProducts {
-  /** bytes: dense.wasm; null where this browser runs no WebAssembly SIMD (the caller uses `dense`). */
+/** The page's arithmetic on WebAssembly 128-bit SIMD (kernels.wasm, assembled from kernels.wat):
+ * the products (`dense`, 6-8x JavaScript's) and the attention's recurrence (`attend`), in the
+ * module's memory. Each weight matrix is packed there once, in panels of 8 outputs (I x 8 floats
+ * each, outputs padded to a multiple of 8); the decoding states' S and z live there too (`state`);
+ * per call the inputs are copied in and the outputs back, a few rows against the work on them.
+ * Memory: a bump allocator whose freed blocks are reused by later requests of the same size. */
+export class WasmKernels {
+  /** bytes: kernels.wasm; null where this browser runs no WebAssembly SIMD (the caller uses JavaScript). */
   static create(bytes) {
     if (!bytes || typeof WebAssembly === "undefined" || !WebAssembly.validate(bytes)) return null;
-    return new WasmProducts(bytes);
+    return new WasmKernels(bytes);
   }
 
   constructor(bytes) {
     this.memory = new WebAssembly.Memory({initial: 1});
-    this.run = new WebAssembly.Instance(new WebAssembly.Module(bytes), {env: {memory: this.memory}}).exports.dense;
+    this.fn = new WebAssembly.Instance(new WebAssembly.Module(bytes), {env: {memory: this.memory}}).exports;
     this.top = 0;                  // floats allocated so far
-    this.room = 0;                 // floats the scratch x and out hold each (at this.x, this.out)
+    this.freed = new Map();        // size in floats -> offsets of freed blocks of that size
+    this.scratches = {};           // name -> {at, size}: the copy-in / copy-out buffers
   }
 
-  /** The offset (in floats, 16-byte aligned) of k new floats; the memory grows as needed. */
+  /** The offset (in floats, 16-byte aligned) of k floats, zeroed; the memory grows as needed. */
   alloc(k) {
+    const size = Math.ceil(k / 4) * 4, reuse = this.freed.get(size);
+    if (reuse && reuse.length) {
+      const at = reuse.pop();
+      this.view().fill(0, at, at + size);
+      return at;
+    }
     const at = this.top;
-    this.top += Math.ceil(k / 4) * 4;
+    this.top += size;
     const short = this.top * 4 - this.memory.buffer.byteLength;
     if (short > 0) this.memory.grow(Math.ceil(short / 65536));
     return at;
+  }
+
+  /** Give back the block of k floats at offset `at` (from alloc). */
+  free(at, k) {
+    const size = Math.ceil(k / 4) * 4;
+    if (!this.freed.has(size)) this.freed.set(size, []);
+    this.freed.get(size).push(at);
+  }
+
+  /** The offset of the scratch buffer `name`, of at least k floats (a larger one replaces it). */
+  scratch(name, k) {
+    const s = this.scratches[name];
+    if (s && s.size >= k) return s.at;
+    if (s) this.free(s.at, s.size);
+    this.scratches[name] = {at: this.alloc(k), size: k};
+    return this.scratches[name].at;
   }
 
   /** A float view of the memory (a new one after the memory grew: growing detaches the old). */
@@ -121,21 +147,24 @@ export class WasmProducts {
 
   /** out (N, O) = x (N, I) @ W + b for a packed layer p; add=true adds to out instead (as `dense`). */
   dense(x, n, p, out, add) {
-    const need = n * Math.max(p.nIn, p.nOutP);
-    if (need > this.room) {        // scratch for the largest call so far (the old scratch is left unused)
-      this.room = need;
-      this.x = this.alloc(need);
-      this.out = this.alloc(need);
-    }
-    let m = this.view();
-    m.set(x.subarray(0, n * p.nIn), this.x);
-    this.run(this.x * 4, n, p.nIn, p.w * 4, p.b * 4, p.nOutP, this.out * 4);
-    m = this.view();
+    const xs = this.scratch("x", n * p.nIn), os = this.scratch("out", n * p.nOutP);
+    this.view().set(x.subarray(0, n * p.nIn), xs);
+    this.fn.dense(xs * 4, n, p.nIn, p.w * 4, p.b * 4, p.nOutP, os * 4);
+    const m = this.view();
     for (let r = 0; r < n; r++) {
-      const o = this.out + r * p.nOutP, d = r * p.nOut;
+      const o = os + r * p.nOutP, d = r * p.nOut;
       if (add) for (let j = 0; j < p.nOut; j++) out[d + j] += m[o + j];
       else out.set(m.subarray(o, o + p.nOut), d);
     }
+  }
+
+  /** The recurrence of `Model.layers` for n images of T positions: qkv (N*T, 3D) with phi applied
+   * to q and k, the state's S and z at offsets S, z (N, H, E, E) and (N, H, E); att (N*T, D) out. */
+  attend(qkv, n, T, S, z, att, H, E, eps) {
+    const D = H * E, qs = this.scratch("qkv", n * T * 3 * D), as = this.scratch("att", n * T * D);
+    this.view().set(qkv.subarray(0, n * T * 3 * D), qs);
+    this.fn.attend(qs * 4, n, T, S * 4, z * 4, as * 4, H, E, eps);
+    att.set(this.view().subarray(as, as + n * T * D));
   }
 }
 
@@ -177,7 +206,7 @@ const phi = (x) => (x > 0 ? x + 1 : Math.exp(x));   // elu(x) + 1
 
 export class Model {
   /** config: config.json written by imagegen-export; tensors: parseSafetensors(model.safetensors);
-   * wasm: a WasmProducts to run the products on, or null (JavaScript's `dense`). */
+   * wasm: a WasmKernels to run the products and the attention on, or null (JavaScript's). */
   constructor(config, tensors, wasm = null) {
     const get = (name) => {
       if (!(name in tensors)) throw new Error(`model.safetensors has no tensor ${name}`);
@@ -192,6 +221,7 @@ export class Model {
     this.engine = wasm ? "WebAssembly SIMD" : "JavaScript";
     const c = config;
     this.D = c.d_model; this.H = c.n_heads; this.E = c.d_model / c.n_heads; this.F = c.d_ff; this.P = c.head_params;
+    this.wasmAttention = wasm !== null && this.E % 4 === 0;     // attend's rows are whole f32x4 vectors
     this.length = c.length; this.channels = c.channels; this.width = c.width;
     this.C = c.num_classes || 0;                   // class-conditional: label.weight (C + 1, D), row C = no label
     this.tok = get("tok.weight").data; this.row = get("row.weight").data;
@@ -216,7 +246,9 @@ export class Model {
   }
 
   /** Decoding state for n images: per layer S (N, H, E, E) and z (N, H, E), each image's label row
-   * (0..C-1, or C = no label; labels (N) of -1 or null mean C), plus scratch buffers for `rows` rows. */
+   * (0..C-1, or C = no label; labels (N) of -1 or null mean C), plus scratch buffers for `rows` rows.
+   * With the WebAssembly attention, S and z are offsets into its memory: hand the state back with
+   * `release` when done with it. */
   init(n, labels = null, rows = n) {
     const {D, H, E, F, P, C} = this;
     const classes = new Int32Array(n).fill(C);
@@ -230,8 +262,8 @@ export class Model {
     }
     return {
       n, t: 0, classes,
-      S: this.blocks.map(() => new Float32Array(n * H * E * E)),
-      z: this.blocks.map(() => new Float32Array(n * H * E)),
+      S: this.blocks.map(() => (this.wasmAttention ? this.wasm.alloc(n * H * E * E) : new Float32Array(n * H * E * E))),
+      z: this.blocks.map(() => (this.wasmAttention ? this.wasm.alloc(n * H * E) : new Float32Array(n * H * E))),
       h: new Float32Array(rows * D), a: new Float32Array(rows * D), att: new Float32Array(rows * D),
       qkv: new Float32Array(rows * 3 * D), ff: new Float32Array(rows * F), params: new Float32Array(n * P),
     };
@@ -282,30 +314,12 @@ export class Model {
     this.blocks.forEach((b, l) => {
       layerNorm(s.h, m, D, b.ln1w, b.ln1b, eps, s.a);
       this.product(b.qkv, s.a, m, s.qkv, false);
-      const S = s.S[l], z = s.z[l], qkv = s.qkv, att = s.att;
-      for (let r = 0; r < n; r++) {
-        for (let hh = 0; hh < H; hh++) {
-          const so = (r * H + hh) * E * E, zo = (r * H + hh) * E;
-          for (let k = 0; k < T; k++) {              // the recurrence, position by position
-            const row = r * T + k, q = row * 3 * D + hh * E, kk = q + D, v = q + 2 * D, out = row * D + hh * E;
-            for (let i = 0; i < E; i++) {            // S += phi(k) v^T, z += phi(k)
-              const pk = phi(qkv[kk + i]), si = so + i * E;
-              z[zo + i] += pk;
-              for (let j = 0; j < E; j++) S[si + j] += pk * qkv[v + j];
-            }
-            let den = 0;
-            for (let j = 0; j < E; j++) att[out + j] = 0;
-            for (let i = 0; i < E; i++) {            // phi(q) S and phi(q) z
-              const pq = phi(qkv[q + i]), si = so + i * E;
-              den += pq * z[zo + i];
-              for (let j = 0; j < E; j++) att[out + j] += pq * S[si + j];
-            }
-            const inv = 1 / (den + attEps);
-            for (let j = 0; j < E; j++) att[out + j] *= inv;
-          }
-        }
-      }
-      this.product(b.out, att, m, s.h, true);                      // h += attention
+      if (this.wasmAttention) {                    // phi here (JavaScript has exp), the recurrence there
+        for (let row = 0; row < m; row++)
+          for (let i = row * 3 * D; i < row * 3 * D + 2 * D; i++) s.qkv[i] = phi(s.qkv[i]);
+        this.wasm.attend(s.qkv, n, T, s.S[l], s.z[l], s.att, H, E, attEps);
+      } else this.attend(s, l, T, attEps);
+      this.product(b.out, s.att, m, s.h, true);                    // h += attention
       layerNorm(s.h, m, D, b.ln2w, b.ln2b, eps, s.a);
       this.product(b.ff1, s.a, m, s.ff, false);
       for (let i = 0; i < m * F; i++) { const x = s.ff[i]; s.ff[i] = 0.5 * x * (1 + erf(x * Math.SQRT1_2)); }
@@ -313,11 +327,52 @@ export class Model {
     });
   }
 
+  /** The attention's recurrence in JavaScript (layer l, T positions per image): s.att from s.qkv,
+   * updating s.S[l], s.z[l]. The reference for WasmKernels.attend. */
+  attend(s, l, T, attEps) {
+    const {D, H, E} = this, n = s.n, S = s.S[l], z = s.z[l], qkv = s.qkv, att = s.att;
+    for (let r = 0; r < n; r++) {
+      for (let hh = 0; hh < H; hh++) {
+        const so = (r * H + hh) * E * E, zo = (r * H + hh) * E;
+        for (let k = 0; k < T; k++) {              // the recurrence, position by position
+          const row = r * T + k, q = row * 3 * D + hh * E, kk = q + D, v = q + 2 * D, out = row * D + hh * E;
+          for (let i = 0; i < E; i++) {            // S += phi(k) v^T, z += phi(k)
+            const pk = phi(qkv[kk + i]), si = so + i * E;
+            z[zo + i] += pk;
+            for (let j = 0; j < E; j++) S[si + j] += pk * qkv[v + j];
+          }
+          let den = 0;
+          for (let j = 0; j < E; j++) att[out + j] = 0;
+          for (let i = 0; i < E; i++) {            // phi(q) S and phi(q) z
+            const pq = phi(qkv[q + i]), si = so + i * E;
+            den += pq * z[zo + i];
+            for (let j = 0; j < E; j++) att[out + j] += pq * S[si + j];
+          }
+          const inv = 1 / (den + attEps);
+          for (let j = 0; j < E; j++) att[out + j] *= inv;
+        }
+      }
+    }
+  }
+
   /** Copy image `from`'s decoding state (S, z per layer) in state `src` to image `to` in `dst`. */
   copyState(src, from, dst, to) {
     const {H, E} = this, sS = H * E * E, sZ = H * E;
-    src.S.forEach((S, l) => dst.S[l].set(S.subarray(from * sS, (from + 1) * sS), to * sS));
-    src.z.forEach((z, l) => dst.z[l].set(z.subarray(from * sZ, (from + 1) * sZ), to * sZ));
+    const copy = (a, b, k) => {                 // image `from` of a -> image `to` of b, k floats each
+      if (!this.wasmAttention) b.set(a.subarray(from * k, (from + 1) * k), to * k);
+      else this.wasm.view().copyWithin(b + to * k, a + from * k, a + (from + 1) * k);
+    };
+    src.S.forEach((S, l) => copy(S, dst.S[l], sS));
+    src.z.forEach((z, l) => copy(z, dst.z[l], sZ));
+  }
+
+  /** Hand back what `init` took from the WebAssembly memory (nothing to do in JavaScript). */
+  release(s) {
+    if (!this.wasmAttention) return;
+    const {H, E} = this;
+    s.S.forEach((at) => this.wasm.free(at, s.n * H * E * E));
+    s.z.forEach((at) => this.wasm.free(at, s.n * H * E));
+    s.S = s.z = [];
   }
 }
 

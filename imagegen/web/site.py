@@ -3,7 +3,7 @@
 The site, servable by any static file server (python -m http.server -d DIR):
   index.html, page.js        the page: grid sampling, completion of a drawn top half, window.imagegen
   worker.js, sampler.js      the sampling loop (Web Worker) and the arithmetic of PixelTransformer.step
-  dense.wasm                 the products on WebAssembly SIMD (assembled from dense.wat; sampler.js)
+  kernels.wasm               the products and the attention on WebAssembly SIMD (kernels.wat assembled)
   model.safetensors          the state_dict in float32 (8-byte LE header length, JSON header, raw LE data)
   config.json                architecture, image shape, head, classes (num_classes, class_names), guidance
   examples.bin               a few test images (N x D uint8) for the completion mode, when the data is there
@@ -24,7 +24,7 @@ from ..model.transformer import START
 from ..ops import EPS
 
 WEB_DIR = Path(__file__).resolve().parent
-PAGE_FILES = ("index.html", "page.js", "worker.js", "sampler.js", "dense.wasm")
+PAGE_FILES = ("index.html", "page.js", "worker.js", "sampler.js", "kernels.wasm")
 
 
 def safetensors_bytes(tensors):

@@ -214,13 +214,16 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
     h.add_(y);
   } else {
     TORCH_CHECK(dtype == h.scalar_type(), "decode_step: the products must be bfloat16 or h's dtype");
-    for (const auto& w : layers) {        // h + x W + b as one addmm into h
-      h = at::addmm(h, attention(at::layer_norm(h, {D}, w[Layer::ln1_weight], w[Layer::ln1_bias], ln_eps), w),
-                    w[Layer::out_weight])
-              .add_(w[Layer::out_bias]);
-      auto f = at::addmm(w[Layer::ff1_bias], at::layer_norm(h, {D}, w[Layer::ln2_weight], w[Layer::ln2_bias], ln_eps),
-                         w[Layer::ff1_weight]);
-      h = at::addmm(h, at::gelu_(f), w[Layer::ff2_weight]).add_(w[Layer::ff2_bias]);
+    auto residual = [&](const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {  // h + x W + b
+      if (W.is_mkldnn()) return at::add(h, packed_linear(x, W, b));
+      return at::addmm(h, x, W).add_(b);                                                  // one addmm into h
+    };
+    for (const auto& w : layers) {
+      h = residual(attention(at::layer_norm(h, {D}, w[Layer::ln1_weight], w[Layer::ln1_bias], ln_eps), w),
+                   w[Layer::out_weight], w[Layer::out_bias]);
+      auto f = decode_linear(at::layer_norm(h, {D}, w[Layer::ln2_weight], w[Layer::ln2_bias], ln_eps),
+                             w[Layer::ff1_weight], w[Layer::ff1_bias]);
+      h = residual(at::gelu_(f), w[Layer::ff2_weight], w[Layer::ff2_bias]);
     }
   }
   return at::addmm(head[Head::proj_bias], at::layer_norm(h, {D}, head[Head::ln_f_weight], head[Head::ln_f_bias], ln_eps),

@@ -113,15 +113,17 @@ def train_products(d_model, d_ff, backward=True):
 
 def decode_products(batch, d_model, d_ff):
     """A probe's measure() for sampling: one decoding step's products at `batch` rows (D -> 3D, D -> D,
-    D -> F, F -> D) as the sampler runs them: float32 addmm, against bfloat16 weights prepacked for
-    the batch (`layers.pack`) or, below PACK_MIN_ROWS rows, the C++ step's own loop where it is built."""
+    D -> F, F -> D) as the sampler runs them: float32 (addmm, or prepacked where `layers.pack` finds
+    that faster), against bfloat16 weights prepacked for the batch (`layers.pack`) or, below
+    PACK_MIN_ROWS rows, the C++ step's own loop where it is built."""
     def measure():
         from .model.layers import PACK_MIN_ROWS, dense, pack
         from .ops.kernel import kernel_error, load_kernel
         g = torch.Generator().manual_seed(0)
         shapes = [(d_model, 3 * d_model), (d_model, d_model), (d_model, d_ff), (d_ff, d_model)]
-        f32 = [((torch.randn(i, o, generator=g) * 0.02), torch.zeros(o)) for i, o in shapes]
-        bf16 = [(pack(w.to(torch.bfloat16), batch), b.to(torch.bfloat16)) for w, b in f32]
+        plain = [((torch.randn(i, o, generator=g) * 0.02), torch.zeros(o)) for i, o in shapes]
+        f32 = [(pack(w, batch), b) for w, b in plain]
+        bf16 = [(pack(w.to(torch.bfloat16), batch), b.to(torch.bfloat16)) for w, b in plain]
         xs = [torch.randn(batch, i, generator=g) for i, _ in shapes]
         own_loop = batch < PACK_MIN_ROWS and kernel_error("cpu") is None
         product = load_kernel("cpu").decode_linear if own_loop else (lambda x, w, b: dense(x, (w, b)))
@@ -130,8 +132,7 @@ def decode_products(batch, d_model, d_ff):
             with torch.no_grad():
                 for x, (w, b) in zip(xs, weights):
                     fn(x, w, b)
-        return probe.best_ms(lambda: run(f32, lambda x, w, b: torch.addmm(b, x, w)),
-                             lambda: run(bf16, product), rounds=7)
+        return probe.best_ms(lambda: run(f32, lambda x, w, b: dense(x, (w, b))), lambda: run(bf16, product), rounds=7)
     return measure
 
 

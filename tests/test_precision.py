@@ -183,7 +183,7 @@ def test_without_onednn_packing_the_step_multiplies_plain_weights(monkeypatch):
     model = scaled_model("linear", length=60)
     x = torch.randint(0, 256, (8, model.length), generator=torch.Generator().manual_seed(3))
     packed, _ = decode_params(model, x, torch.bfloat16)
-    monkeypatch.setattr(layers, "can_pack", lambda: False)
+    monkeypatch.setattr(layers, "can_pack", lambda dtype=None: False)
     for whole_model_kernel in (True, False):
         plain, state = decode_params(model, x, torch.bfloat16, whole_model_kernel)
         assert not state.layers[0].attn.qkv[0].is_mkldnn

@@ -137,7 +137,9 @@ def test_auto_precision_by_measurement(probes_on, monkeypatch, bf16_ms, picks):
     assert precision.precision_reason("float32", CPU, (16, 32), 8) == ""
     assert precision.use_bf16(False, CPU, dims=(16, 32)) is False        # explicit settings are never timed
     names = {k.split("/", 1)[1] for k in json.loads(probes_on.read_text())["entries"]}
-    assert names == {"bf16-train:D16:F32", "bf16-decode:N8:D16:F32"}
+    # and the float32 side of the decoding probe asked whether to prepack each of its four products
+    assert names == {"bf16-train:D16:F32", "bf16-decode:N8:D16:F32", "f32-pack:N8:I16:O48", "f32-pack:N8:I16:O16",
+                     "f32-pack:N8:I16:O32", "f32-pack:N8:I32:O16"}
 
 
 def test_real_precision_probes_time_the_products(probes_on):
@@ -191,3 +193,42 @@ def test_real_impl_probe_times_both(probes_on):
             chunked, kernel = ops.time_impls(64, 8, 8, torch.float32, fused, grad)
             assert chunked > 0 and kernel > 0
     assert torch.equal(state, torch.random.get_rng_state())
+
+
+@pytest.mark.parametrize("packed_ms, packs", [(5.0, True), (9.5, False), (20.0, False)])
+def test_float32_decoding_weights_prepacked_by_measurement(probes_on, monkeypatch, packed_ms, packs):
+    """layers.pack prepacks a float32 weight only where the probe measures oneDNN's prepacked product
+    faster than addmm by the margin, and only from PACK_MIN_ROWS rows; the packed product equals addmm's."""
+    from imagegen.model import layers
+    if not layers.can_pack(torch.float32):
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setattr(probe, "best_ms", lambda *a, **k: (10.0, packed_ms))
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(64, 96, generator=g), torch.randn(96, generator=g)
+    assert layers.pack(w, layers.PACK_MIN_ROWS - 1) is w                  # too few rows: never timed
+    packed = layers.pack(w, 8)
+    assert packed.is_mkldnn is packs and (packed is w) is not packs
+    x = torch.randn(8, 64, generator=g)
+    torch.testing.assert_close(layers.dense(x, (packed, b)), torch.addmm(b, x, w), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("IMAGEGEN_PROBE", "0")
+    monkeypatch.setattr(probe, "_verdicts", {})
+    assert layers.pack(w, 8) is w                                            # probes off: addmm, as before
+
+
+def test_float32_decoding_with_prepacked_weights_equals_plain(probes_on, monkeypatch):
+    """A float32 decoding state with every product prepacked (the probe says faster) steps to the same
+    parameters as the plain one, through the one-call C++ step and through the module loop."""
+    from imagegen.model import layers
+    from test_precision import decode_params, scaled_model
+    if not layers.can_pack(torch.float32):
+        pytest.skip("this torch has no oneDNN linear")
+    model = scaled_model("linear", length=60)
+    x = torch.randint(0, 256, (8, model.length), generator=torch.Generator().manual_seed(4))
+    monkeypatch.setattr(layers, "packs_float32", lambda *shape: False)
+    plain, state = decode_params(model, x, torch.float32)
+    assert state.layers[0].attn.qkv[0] is model.blocks[0].attn.qkv.weight
+    monkeypatch.setattr(layers, "packs_float32", lambda *shape: True)
+    for whole_model_kernel in (True, False):
+        packed, state = decode_params(model, x, torch.float32, whole_model_kernel)
+        assert state.layers[0].attn.qkv[0].is_mkldnn and state.layers[0].ff[1][0].is_mkldnn
+        torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)

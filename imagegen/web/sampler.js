@@ -81,7 +81,7 @@ const put = (out, o, v, add) => { out[o] = add ? out[o] + v : v; };
 /** The page's arithmetic on WebAssembly 128-bit SIMD (kernels.wasm, assembled from kernels.wat):
  * the products (`dense`, 6-8x JavaScript's) and the attention's recurrence (`attend`), in the
  * module's memory. Each weight matrix is packed there once, in panels of 8 outputs (I x 8 floats
- * each, outputs padded to a multiple of 8); the decoding states' S and z live there too (`state`);
+ * each, outputs padded to a multiple of 8); the decoding states' S and z live there too (`Model.init`);
  * per call the inputs are copied in and the outputs back, a few rows against the work on them.
  * Memory: a bump allocator whose freed blocks are reused by later requests of the same size. */
 export class WasmKernels {

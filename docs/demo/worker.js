@@ -3,7 +3,8 @@
 //                start, recordParams, labels (N class numbers, -1 none, or null), guidance}
 //               | {type: "bench", id, n, steps, warmup, engine ("js": JavaScript alone even where
 //                 WebAssembly SIMD runs)} | {type: "cancel", id}
-// Messages out: {type: "ready", config, engine} | {type: "rows", id, t0, t1, bytes (N*(t1-t0)), row, rows, msPerStep, prefixMs}
+// Messages out: {type: "ready", config, engine}
+//               | {type: "rows", id, t0, t1, bytes (N*(t1-t0)), row, rows, msPerStep, prefixMs}
 //               | {type: "done", id, bytes, params, msPerStep, prefixMs, seconds, rows}
 //               | {type: "bench", id, msPerStep, engine}
 //               | {type: "error", message}
@@ -12,11 +13,12 @@
 import {Model, WasmKernels, draw, parseSafetensors, probs, uniformGenerator} from "./sampler.js";
 
 let model = null, current = 0, jsModel = null;
+const weightsFile = () => fetch("model.safetensors").then((r) => r.arrayBuffer());
 
 async function load() {
   const [config, weights, wasm] = await Promise.all([
     fetch("config.json").then((r) => r.json()),
-    fetch("model.safetensors").then((r) => r.arrayBuffer()),
+    weightsFile(),
     // the SIMD kernels; without them (a site exported before them, a browser without SIMD) JavaScript's
     fetch("kernels.wasm").then((r) => (r.ok ? r.arrayBuffer() : null)).catch(() => null),
   ]);
@@ -112,10 +114,8 @@ async function sample({id, n, seed, temperature, uniforms, prefix, start, record
 /** ms per step (model step and draws) for n images, timed over `steps` positions after `warmup`;
  * engine "js" times JavaScript alone (a second model, made on first use). */
 async function bench({id, n, steps, warmup, engine}) {
-  if (engine === "js" && !jsModel) {
-    jsModel = model.wasm ? new Model(model.config, parseSafetensors(await (await fetch("model.safetensors")).arrayBuffer()))
-      : model;
-  }
+  if (engine === "js" && !jsModel)
+    jsModel = model.wasm ? new Model(model.config, parseSafetensors(await weightsFile())) : model;
   const m = engine === "js" ? jsModel : model;
   const state = m.init(n), tokens = new Int32Array(n), rand = uniformGenerator(0);
   const once = () => {

@@ -40,18 +40,34 @@ def start(run_dir, root, *args, kill_at_save=0):
                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def logged_steps(run_dir):
+def rows(run_dir):
+    """metrics.jsonl's rows; a row still being written is left out."""
     path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["step"] for line in path.read_text().splitlines() if '"loss"' in line]
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
 
 
-def wait_for_step(proc, run_dir, step, timeout=240):
+def logged_steps(run_dir):
+    return [row["step"] for row in rows(run_dir) if "loss" in row]
+
+
+def wait_for_step(proc, run_dir, step, resumes=0, timeout=240):
+    """Waits until `proc` itself has logged a step >= `step`: the rows after the run_dir's
+    `resumes`-th resume event (0: a fresh run), once that many are there. A run before it that
+    went past `step` does not count, so `proc` is never stopped before it has resumed."""
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        if logged_steps(run_dir) and logged_steps(run_dir)[-1] >= step:
-            return
+        seen = rows(run_dir)
+        starts = [i for i, row in enumerate(seen) if row.get("event") == "resume"]
+        if len(starts) == resumes:
+            own = seen[starts[-1] + 1:] if starts else seen
+            if any("loss" in row and row["step"] >= step for row in own):
+                return
         time.sleep(0.05)
     raise AssertionError(f"the run did not reach step {step}: {proc.communicate()}")
 
@@ -79,9 +95,9 @@ def test_every_kind_of_stop_resumes_exactly(mnist_root, tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={ref}", f"train.max_steps={steps}")
 
-    for how, at in (("SIGTERM", 3), ("SIGINT", 7), ("SIGKILL", 11)):
+    for resumes, (how, at) in enumerate((("SIGTERM", 3), ("SIGINT", 7), ("SIGKILL", 11))):
         proc = start(cut, mnist_root, f"train.max_steps={steps}")
-        wait_for_step(proc, cut, at)
+        wait_for_step(proc, cut, at, resumes)
         proc.send_signal(getattr(signal, how))
         out, err = proc.communicate(timeout=120)
         if how == "SIGKILL":

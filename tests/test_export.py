@@ -340,7 +340,6 @@ def test_wasm_attention_equals_the_javascript_recurrence(browser, serve, tmp_pat
       const wasm = WasmKernels.create(new Uint8Array(await (await fetch("kernels.wasm")).arrayBuffer()));
       const rand = uniformGenerator(5);
       const fill = (k, lo = -1) => Float32Array.from({length: k}, () => lo + (1 - lo) * rand());
-      const phi = (x) => (x > 0 ? x + 1 : Math.exp(x));
       let worst = 0;
       const close = (a, b) => {
         for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]) / (1 + Math.abs(b[i])));
@@ -351,10 +350,7 @@ def test_wasm_attention_equals_the_javascript_recurrence(browser, serve, tmp_pat
         Model.prototype.attend.call({D, H, E}, js, 0, T, 1e-6);
         const S = wasm.alloc(S0.length), z = wasm.alloc(z0.length), att = new Float32Array(n * T * D);
         wasm.view().set(S0, S); wasm.view().set(z0, z);
-        const mapped = qkv.slice();
-        for (let row = 0; row < n * T; row++)
-          for (let i = row * 3 * D; i < row * 3 * D + 2 * D; i++) mapped[i] = phi(mapped[i]);
-        wasm.attend(mapped, n, T, S, z, att, H, E, 1e-6);
+        wasm.attend(qkv, n, T, S, z, att, H, E, 1e-6);                 // phi applied there
         close(att, js.att);
         close(wasm.view().subarray(S, S + S0.length), js.S[0]);
         close(wasm.view().subarray(z, z + z0.length), js.z[0]);
@@ -363,6 +359,45 @@ def test_wasm_attention_equals_the_javascript_recurrence(browser, serve, tmp_pat
       return worst;
     }""")
     assert worst < 1e-5
+    assert page.errors == []
+
+
+@pytest.mark.slow
+def test_wasm_phi_and_gelu_equal_javascripts(browser, serve, tmp_path):
+    """WebAssembly's phi and GELU (float32, exp by a polynomial) against sampler.js's phi and gelu
+    (float64 Math.exp) from -20 to 20 and at the ends of exp's range and beyond; phi on strided rows
+    leaves the values between them (v of each qkv row) alone."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt")
+    page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
+    worst = page.evaluate("""async () => {
+      const {WasmKernels, gelu, phi} = await import("./sampler.js");
+      const wasm = WasmKernels.create(new Uint8Array(await (await fetch("kernels.wasm")).arrayBuffer()));
+      const values = [-1e4, -200, -100, -88, -87.5, -87, -50, -9.5, -1e-8, -0, 0, 1e-8, 3e-39, 100, 1e4];
+      for (let i = 0; i <= 4000; i++) values.push(-20 + i / 100);
+      while (values.length % 12) values.push(0.25);
+      const x = Float32Array.from(values), k = x.length, at = wasm.alloc(k);
+      const worst = {phi: 0, gelu: 0, untouched: 0};
+      for (const name of ["phi", "gelu"]) {
+        wasm.view().set(x, at);
+        const want = x.slice();
+        if (name === "gelu") {
+          wasm.fn.gelu(at * 4, k);
+          gelu(want, k);
+        } else {                                   // rows of 12: the first 8 mapped, the last 4 kept
+          wasm.fn.phi(at * 4, k / 12, 8, 12);
+          for (let i = 0; i < k; i++) if (i % 12 < 8) want[i] = phi(x[i]);
+        }
+        const got = wasm.view().subarray(at, at + k);
+        for (let i = 0; i < k; i++) {
+          const err = Math.abs(got[i] - want[i]) / (1 + Math.abs(want[i]));
+          worst[name] = Math.max(worst[name], Number.isNaN(err) ? Infinity : err);
+          if (name === "phi" && i % 12 >= 8 && got[i] !== x[i]) worst.untouched = Infinity;
+        }
+      }
+      return worst;
+    }""")
+    assert worst["phi"] < 1e-6 and worst["gelu"] < 1e-6, worst        # 3.8e-8 and 9.5e-8 seen
+    assert worst["untouched"] == 0
     assert page.errors == []
 
 

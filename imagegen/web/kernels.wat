@@ -9,8 +9,12 @@
 ;;
 ;; attend: the linear attention's recurrence for N images of T positions each, H heads of E
 ;; features (E a multiple of 4), as PixelTransformer.step: per position, S += phi(k) v^T,
-;; z += phi(k), then att = phi(q) S / (phi(q) . z + eps). phi is applied beforehand (JavaScript has
-;; exp; WebAssembly has none).
+;; z += phi(k), then att = phi(q) S / (phi(q) . z + eps). phi is applied beforehand, by `phi`.
+;;
+;; phi, gelu: the elementwise maps, in place (sampler.js's phi and gelu are their references):
+;; phi(x) = elu(x) + 1 on strided rows (q and k of each qkv row), GELU(x) = x (1 + erf(x / sqrt 2)) / 2
+;; with sampler.js's erf (Abramowitz & Stegun 7.1.26). WebAssembly has no exp: $exp_neg is Cephes'
+;; expf (2^n times a degree-6 polynomial on |r| <= ln 2 / 2) for the x <= 0 both need.
 ;;
 ;; kernels.wasm is this file assembled (tests/test_export.py checks that they match):
 ;;   python -c "import wasmtime; open('kernels.wasm', 'wb').write(wasmtime.wat2wasm(open('kernels.wat').read()))"
@@ -175,4 +179,87 @@
             (br_if $scale (i32.lt_u (local.tee $j (i32.add (local.get $j) (i32.const 4))) (local.get $E))))
           (br_if $positions (i32.lt_u (local.tee $k (i32.add (local.get $k) (i32.const 1))) (local.get $T))))
         (br_if $heads (i32.lt_u (local.tee $h (i32.add (local.get $h) (i32.const 1))) (local.get $H))))
-      (br_if $images (i32.lt_u (local.tee $r (i32.add (local.get $r) (i32.const 1))) (local.get $n))))))
+      (br_if $images (i32.lt_u (local.tee $r (i32.add (local.get $r) (i32.const 1))) (local.get $n)))))
+  ;; e^x for x <= 0 (clamped to [-87, 0]: 2^n stays a normal float, e^-87 ~ 1.6e-38 for anything below)
+  (func $exp_neg (param $x v128) (result v128)
+    (local $n v128) (local $r v128) (local $p v128)
+    (local.set $x (f32x4.max (f32x4.min (local.get $x) (v128.const f32x4 0 0 0 0))
+                             (v128.const f32x4 -87 -87 -87 -87)))
+    (local.set $n (f32x4.nearest (f32x4.mul (local.get $x)
+                                            (v128.const f32x4 1.44269504 1.44269504 1.44269504 1.44269504))))
+    ;; r = x - n ln 2, with ln 2 in two parts (0.693359375 is exact in a few bits: n times it is exact)
+    (local.set $r (f32x4.sub (local.get $x)
+                             (f32x4.mul (local.get $n) (v128.const f32x4 0.693359375 0.693359375 0.693359375 0.693359375))))
+    (local.set $r (f32x4.add (local.get $r)
+                             (f32x4.mul (local.get $n) (v128.const f32x4 2.12194440e-4 2.12194440e-4 2.12194440e-4 2.12194440e-4))))
+    (local.set $p (v128.const f32x4 1.9875691500e-4 1.9875691500e-4 1.9875691500e-4 1.9875691500e-4))
+    (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $r))
+                             (v128.const f32x4 1.3981999507e-3 1.3981999507e-3 1.3981999507e-3 1.3981999507e-3)))
+    (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $r))
+                             (v128.const f32x4 8.3333337680e-3 8.3333337680e-3 8.3333337680e-3 8.3333337680e-3)))
+    (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $r))
+                             (v128.const f32x4 4.1665795894e-2 4.1665795894e-2 4.1665795894e-2 4.1665795894e-2)))
+    (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $r))
+                             (v128.const f32x4 1.6666665459e-1 1.6666665459e-1 1.6666665459e-1 1.6666665459e-1)))
+    (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $r))
+                             (v128.const f32x4 5.0000001201e-1 5.0000001201e-1 5.0000001201e-1 5.0000001201e-1)))
+    ;; (p r^2 + r + 1) 2^n, 2^n built from its exponent bits (n in -126..0)
+    (f32x4.mul (f32x4.add (f32x4.add (f32x4.mul (local.get $p) (f32x4.mul (local.get $r) (local.get $r)))
+                                     (local.get $r))
+                          (v128.const f32x4 1 1 1 1))
+               (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $n)) (v128.const i32x4 127 127 127 127))
+                          (i32.const 23))))
+
+  ;; phi in place on `rows` rows of `cols` floats (a multiple of 4), rows `stride` floats apart
+  (func (export "phi") (param $x i32) (param $rows i32) (param $cols i32) (param $stride i32)
+    (local $p i32) (local $end i32) (local $v v128)
+    (block $done
+      (loop $row
+        (br_if $done (i32.eqz (local.get $rows)))
+        (local.set $p (local.get $x))
+        (local.set $end (i32.add (local.get $x) (i32.shl (local.get $cols) (i32.const 2))))
+        (block $row_done
+          (loop $vec
+            (br_if $row_done (i32.ge_u (local.get $p) (local.get $end)))
+            (local.set $v (v128.load (local.get $p)))
+            (v128.store (local.get $p)
+              (v128.bitselect (f32x4.add (local.get $v) (v128.const f32x4 1 1 1 1))
+                              (call $exp_neg (local.get $v))
+                              (f32x4.gt (local.get $v) (v128.const f32x4 0 0 0 0))))
+            (local.set $p (i32.add (local.get $p) (i32.const 16)))
+            (br $vec)))
+        (local.set $x (i32.add (local.get $x) (i32.shl (local.get $stride) (i32.const 2))))
+        (local.set $rows (i32.sub (local.get $rows) (i32.const 1)))
+        (br $row))))
+
+  ;; GELU in place on `count` floats (a multiple of 4)
+  (func (export "gelu") (param $x i32) (param $count i32)
+    (local $end i32) (local $v v128) (local $a v128) (local $t v128) (local $p v128) (local $e v128)
+    (local.set $end (i32.add (local.get $x) (i32.shl (local.get $count) (i32.const 2))))
+    (block $done
+      (loop $vec
+        (br_if $done (i32.ge_u (local.get $x) (local.get $end)))
+        (local.set $v (v128.load (local.get $x)))
+        (local.set $a (f32x4.abs (f32x4.mul (local.get $v)
+                                            (v128.const f32x4 0.70710678 0.70710678 0.70710678 0.70710678))))
+        (local.set $t (f32x4.div (v128.const f32x4 1 1 1 1)
+                                 (f32x4.add (v128.const f32x4 1 1 1 1)
+                                            (f32x4.mul (local.get $a) (v128.const f32x4 0.3275911 0.3275911 0.3275911 0.3275911)))))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $t) (v128.const f32x4 1.061405429 1.061405429 1.061405429 1.061405429))
+                                 (v128.const f32x4 -1.453152027 -1.453152027 -1.453152027 -1.453152027)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $t) (local.get $p))
+                                 (v128.const f32x4 1.421413741 1.421413741 1.421413741 1.421413741)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $t) (local.get $p))
+                                 (v128.const f32x4 -0.284496736 -0.284496736 -0.284496736 -0.284496736)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $t) (local.get $p))
+                                 (v128.const f32x4 0.254829592 0.254829592 0.254829592 0.254829592)))
+        ;; erf(|x| / sqrt 2) = 1 - t p e^(-x^2 / 2), its sign x's
+        (local.set $e (f32x4.sub (v128.const f32x4 1 1 1 1)
+                                 (f32x4.mul (f32x4.mul (local.get $t) (local.get $p))
+                                            (call $exp_neg (f32x4.neg (f32x4.mul (local.get $a) (local.get $a)))))))
+        (local.set $e (v128.bitselect (f32x4.neg (local.get $e)) (local.get $e)
+                                      (f32x4.lt (local.get $v) (v128.const f32x4 0 0 0 0))))
+        (v128.store (local.get $x) (f32x4.mul (f32x4.mul (local.get $v) (v128.const f32x4 0.5 0.5 0.5 0.5))
+                                              (f32x4.add (v128.const f32x4 1 1 1 1) (local.get $e))))
+        (local.set $x (i32.add (local.get $x) (i32.const 16)))
+        (br $vec)))))

@@ -145,11 +145,13 @@ export class WasmKernels {
     return {nIn, nOut, nOutP, w, b: bias};
   }
 
-  /** out (N, O) = x (N, I) @ W + b for a packed layer p; add=true adds to out instead (as `dense`). */
-  dense(x, n, p, out, add) {
+  /** out (N, O) = x (N, I) @ W + b for a packed layer p; add=true adds to out instead (as `dense`);
+   * withGelu=true: GELU(x @ W + b). */
+  dense(x, n, p, out, add, withGelu = false) {
     const xs = this.scratch("x", n * p.nIn), os = this.scratch("out", n * p.nOutP);
     this.view().set(x.subarray(0, n * p.nIn), xs);
     this.fn.dense(xs * 4, n, p.nIn, p.w * 4, p.b * 4, p.nOutP, os * 4);
+    if (withGelu) this.fn.gelu(os * 4, n * p.nOutP);
     const m = this.view();
     for (let r = 0; r < n; r++) {
       const o = os + r * p.nOutP, d = r * p.nOut;
@@ -158,11 +160,13 @@ export class WasmKernels {
     }
   }
 
-  /** The recurrence of `Model.layers` for n images of T positions: qkv (N*T, 3D) with phi applied
-   * to q and k, the state's S and z at offsets S, z (N, H, E, E) and (N, H, E); att (N*T, D) out. */
+  /** The recurrence of `Model.layers` for n images of T positions: qkv (N*T, 3D) as the product
+   * wrote it (phi is applied to q and k here), the state's S and z at offsets S, z (N, H, E, E) and
+   * (N, H, E); att (N*T, D) out. */
   attend(qkv, n, T, S, z, att, H, E, eps) {
     const D = H * E, qs = this.scratch("qkv", n * T * 3 * D), as = this.scratch("att", n * T * D);
     this.view().set(qkv.subarray(0, n * T * 3 * D), qs);
+    this.fn.phi(qs * 4, n * T, 2 * D, 3 * D);
     this.fn.attend(qs * 4, n, T, S * 4, z * 4, as * 4, H, E, eps);
     att.set(this.view().subarray(as, as + n * T * D));
   }
@@ -202,7 +206,12 @@ export function erf(x) {
   return s * (1 - poly * Math.exp(-a * a));
 }
 
-const phi = (x) => (x > 0 ? x + 1 : Math.exp(x));   // elu(x) + 1
+export const phi = (x) => (x > 0 ? x + 1 : Math.exp(x));   // elu(x) + 1
+
+/** GELU in place on x[0..k): x (1 + erf(x / sqrt 2)) / 2. The reference for WasmKernels' gelu. */
+export function gelu(x, k) {
+  for (let i = 0; i < k; i++) x[i] = 0.5 * x[i] * (1 + erf(x[i] * Math.SQRT1_2));
+}
 
 export class Model {
   /** config: config.json written by imagegen-export; tensors: parseSafetensors(model.safetensors);
@@ -239,10 +248,12 @@ export class Model {
     this.proj = linear("proj");
   }
 
-  /** out (N, O) = x (N, I) @ W + b for a layer made by the constructor's `linear`; add=true adds. */
-  product(layer, x, n, out, add) {
-    if (layer.packed) this.wasm.dense(x, n, layer.packed, out, add);
-    else dense(x, n, layer.nIn, layer.Wt, layer.b, layer.nOut, out, add);
+  /** out (N, O) = x (N, I) @ W + b for a layer made by the constructor's `linear`; add=true adds;
+   * withGelu=true: out = GELU(x @ W + b) instead. */
+  product(layer, x, n, out, add, withGelu = false) {
+    if (layer.packed) return this.wasm.dense(x, n, layer.packed, out, add, withGelu);
+    dense(x, n, layer.nIn, layer.Wt, layer.b, layer.nOut, out, add);
+    if (withGelu) gelu(out, n * layer.nOut);
   }
 
   /** Decoding state for n images: per layer S (N, H, E, E) and z (N, H, E), each image's label row
@@ -310,19 +321,15 @@ export class Model {
 
   /** The blocks over s.h (N*T rows; image r's positions s.t.. are rows r*T .. r*T+T-1). */
   layers(s, T) {
-    const {D, H, E, F} = this, n = s.n, m = n * T, eps = this.config.ln_eps, attEps = this.config.attention_eps;
+    const {D, H, E} = this, n = s.n, m = n * T, eps = this.config.ln_eps, attEps = this.config.attention_eps;
     this.blocks.forEach((b, l) => {
       layerNorm(s.h, m, D, b.ln1w, b.ln1b, eps, s.a);
       this.product(b.qkv, s.a, m, s.qkv, false);
-      if (this.wasmAttention) {                    // phi here (JavaScript has exp), the recurrence there
-        for (let row = 0; row < m; row++)
-          for (let i = row * 3 * D; i < row * 3 * D + 2 * D; i++) s.qkv[i] = phi(s.qkv[i]);
-        this.wasm.attend(s.qkv, n, T, s.S[l], s.z[l], s.att, H, E, attEps);
-      } else this.attend(s, l, T, attEps);
+      if (this.wasmAttention) this.wasm.attend(s.qkv, n, T, s.S[l], s.z[l], s.att, H, E, attEps);
+      else this.attend(s, l, T, attEps);
       this.product(b.out, s.att, m, s.h, true);                    // h += attention
       layerNorm(s.h, m, D, b.ln2w, b.ln2b, eps, s.a);
-      this.product(b.ff1, s.a, m, s.ff, false);
-      for (let i = 0; i < m * F; i++) { const x = s.ff[i]; s.ff[i] = 0.5 * x * (1 + erf(x * Math.SQRT1_2)); }
+      this.product(b.ff1, s.a, m, s.ff, false, true);              // GELU(ff1)
       this.product(b.ff2, s.ff, m, s.h, true);                     // h += feed-forward
     });
   }

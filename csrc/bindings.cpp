@@ -27,7 +27,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_backward", &attention_backward_cpu,
         "attention_backward(q, k, v, out, inv, grad_out, grad_q, grad_k, grad_v): writes the gradients");
   m.def("decode_linear", &decode_linear,
-        "decode_linear(x, W, b) -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed in float32)");
+        "decode_linear(x, W, b) -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed in float32; "
+        "float32 W (O / P, K, P) in panels of P = decode_panel_width() columns)");
+  m.def("decode_panel_width", &decode_panel_width, "the columns per panel of decode_linear's float32 panels");
   m.def("decode_step", &decode_step_cpu,
         "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer; "
         "layers: per block the tensors named by decode_layer_weights, head: those named by decode_head_weights");

@@ -73,5 +73,6 @@ struct DecodeHead {
 static_assert(std::size(DecodeLayer::names) == DecodeLayer::count && std::size(DecodeHead::names) == DecodeHead::count);
 
 at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b);
+int64_t decode_panel_width();
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps);

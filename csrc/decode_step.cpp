@@ -1,7 +1,7 @@
 // One decoding position of a whole linear PixelTransformer on the CPU in one call (decode_step),
 // the attention of each block through fused_attention.cpp's attention_forward_cpu with its state,
-// and the helpers of bfloat16 decoding: small-batch bfloat16 matrix products (decode_linear) and
-// the residual add fused with the next LayerNorm (add_layer_norm_rows). The tensors it takes are
+// the small-batch products of decoding (decode_linear: float32 W in panels, bfloat16 W) and the
+// bfloat16 step's residual add fused with the next LayerNorm (add_layer_norm_rows). The tensors it takes are
 // named in cpu_kernel.h (DecodeLayer, DecodeHead).
 
 #include <ATen/Parallel.h>
@@ -75,6 +75,56 @@ CP_MULTIVERSION void linear_bf16_range(const float* x, const c10::BFloat16* W, c
   }
 }
 
+// ---- small-batch float32 products for decoding ---------------------------------------------
+// out (N, O) = b + x W for a few rows x (N, K) and float32 W in panels (`imagegen.model.layers.
+// panels`): W's columns in blocks of kPanel, each block's K rows contiguous, (O / kPanel, K, kPanel).
+// A block's N x kPanel outputs stay in registers while its rows stream past, so one pass reads W
+// from start to end at memory speed; torch's addmm (MKL's gemv) ran at about half that at batch 1
+// on an AVX-512 AMD EPYC. kPanel is kPanelVecs sweep vectors (vec.h's svec_t): 4 x 16 floats with
+// AVX-512's 32 registers, 2 x 8 with AVX2's 16 (4 rows x 2 accumulators and their inputs).
+constexpr int kPanelVecs = CP_SWEEP_BYTES == 64 ? 4 : 2;
+constexpr int64_t kPanel = kPanelVecs * kSweep<float>;
+
+template <int NR>
+inline __attribute__((always_inline)) void linear_f32_panel(const float* x, const float* w, const float* b,
+                                                            float* out, int64_t K, int64_t O) {
+  using V = svec_t<float>;
+  constexpr int64_t L = kSweep<float>;
+  V acc[NR][kPanelVecs];
+  for (int j = 0; j < kPanelVecs; ++j) {
+    const V bias = sload(b + L * j);
+    for (int n = 0; n < NR; ++n) acc[n][j] = bias;
+  }
+  for (int64_t k = 0; k < K; ++k, w += kPanel) {
+    V wk[kPanelVecs];
+    for (int j = 0; j < kPanelVecs; ++j) wk[j] = sload(w + L * j);
+    for (int n = 0; n < NR; ++n) {
+      const float xk = x[n * K + k];
+      for (int j = 0; j < kPanelVecs; ++j) acc[n][j] += xk * wk[j];
+    }
+  }
+  for (int n = 0; n < NR; ++n)
+    for (int j = 0; j < kPanelVecs; ++j) sstore(out + n * O + L * j, acc[n][j]);
+}
+
+// panels [begin, end) for all N rows, kLinMaxRows rows per pass over a panel
+CP_MULTIVERSION void linear_f32_panels(const float* x, const float* W, const float* b, float* out, int64_t N,
+                                       int64_t K, int64_t O, int64_t begin, int64_t end) {
+  for (int64_t p = begin; p < end; ++p) {
+    const float* w = W + p * K * kPanel;
+    for (int64_t r = 0; r < N; r += kLinMaxRows) {
+      const float* xr = x + r * K;
+      float* o = out + r * O + p * kPanel;
+      switch (smaller(N - r, kLinMaxRows)) {
+        case 1: linear_f32_panel<1>(xr, w, b + p * kPanel, o, K, O); break;
+        case 2: linear_f32_panel<2>(xr, w, b + p * kPanel, o, K, O); break;
+        case 3: linear_f32_panel<3>(xr, w, b + p * kPanel, o, K, O); break;
+        default: linear_f32_panel<4>(xr, w, b + p * kPanel, o, K, O); break;
+      }
+    }
+  }
+}
+
 // ---- residual add and LayerNorm of the bfloat16 decoding step -------------------------------
 // Rows [n0, n1) of h (N, D) float32: h += y (bfloat16; none when y is null), then
 // out = LayerNorm(h) * w + b rounded to bfloat16, with the mean and the (biased) variance summed
@@ -125,9 +175,33 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
 
 // b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
 // dtype, as torch.addmm(b, x.to(W.dtype), W): through oneDNN for a prepacked W (see packed_linear),
-// through linear_bf16_range for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
+// through linear_f32_panels for float32 W in panels (see panel_linear), through linear_bf16_range
+// for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
+// b + x W for x (N, K) and float32 W in panels (O / kPanel, K, kPanel) (see linear_f32_panels).
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+  const int64_t N = x.size(0), K = W.size(1), O = W.size(0) * kPanel;
+  TORCH_CHECK(W.scalar_type() == at::kFloat && W.size(2) == kPanel && W.is_contiguous() &&
+                  b.scalar_type() == at::kFloat && b.is_contiguous() && b.numel() == O && x.dim() == 2 &&
+                  x.size(1) == K,
+              "decode_linear: panel weights must be contiguous float32 (O / ", kPanel, ", K, ", kPanel,
+              ") with an O-long float32 bias and x (N, K); see imagegen.model.layers.panels");
+  const auto xc = x.to(at::kFloat).contiguous();
+  auto out = at::empty({N, O}, W.options());
+  const float *xp = xc.data_ptr<float>(), *Wp = W.data_ptr<float>(), *bp = b.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // split panels over threads only where each gets at least ~512 KiB of W to stream
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / (K * kPanel));
+  at::parallel_for(0, W.size(0), grain, [&](int64_t begin, int64_t end) {
+    linear_f32_panels(xp, Wp, bp, op, N, K, O, begin, end);
+  });
+  return out;
+}
+
+int64_t decode_panel_width() { return kPanel; }
+
 at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
   if (W.is_mkldnn()) return packed_linear(x, W, b);
+  if (W.dim() == 3) return panel_linear(x, W, b);
   const int64_t N = x.size(0), K = x.size(1), O = W.size(1);
   if (W.scalar_type() != at::kBFloat16 || N > kLinMaxRows || O % kLinCols || !W.is_contiguous() ||
       !b.is_contiguous() || b.scalar_type() != at::kBFloat16 || b.numel() != O || W.size(0) != K)
@@ -215,7 +289,7 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
   } else {
     TORCH_CHECK(dtype == h.scalar_type(), "decode_step: the products must be bfloat16 or h's dtype");
     auto residual = [&](const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {  // h + x W + b
-      if (W.is_mkldnn()) return at::add(h, packed_linear(x, W, b));
+      if (W.is_mkldnn() || W.dim() == 3) return at::add(h, decode_linear(x, W, b));
       return at::addmm(h, x, W).add_(b);                                                  // one addmm into h
     };
     for (const auto& w : layers) {

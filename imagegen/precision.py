@@ -113,9 +113,10 @@ def train_products(d_model, d_ff, backward=True):
 
 def decode_products(batch, d_model, d_ff):
     """A probe's measure() for sampling: one decoding step's products at `batch` rows (D -> 3D, D -> D,
-    D -> F, F -> D) as the sampler runs them: float32 (addmm, or prepacked where `layers.pack` finds
-    that faster), against bfloat16 weights prepacked for the batch (`layers.pack`) or, below
-    PACK_MIN_ROWS rows, the C++ step's own loop where it is built."""
+    D -> F, F -> D) as the sampler runs them: float32 (addmm, prepacked or in panels where `layers.pack`
+    finds that faster), against bfloat16 weights prepacked for the batch (`layers.pack`) or, below
+    PACK_MIN_ROWS rows, the C++ step's own loop; below PACK_MIN_ROWS, where the C++ step is built,
+    both through its decode_linear, as the step calls them."""
     def measure():
         from .model.layers import PACK_MIN_ROWS, dense, pack
         from .ops.kernel import kernel_error, load_kernel
@@ -132,7 +133,7 @@ def decode_products(batch, d_model, d_ff):
             with torch.no_grad():
                 for x, (w, b) in zip(xs, weights):
                     fn(x, w, b)
-        return probe.best_ms(lambda: run(f32, lambda x, w, b: dense(x, (w, b))), lambda: run(bf16, product), rounds=7)
+        return probe.best_ms(lambda: run(f32, product), lambda: run(bf16, product), rounds=7)
     return measure
 
 

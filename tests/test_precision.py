@@ -8,7 +8,7 @@ import torch
 
 from imagegen import precision
 from imagegen.errors import UserError
-from imagegen.model.layers import PACK_MIN_ROWS, can_pack, dense, pack
+from imagegen.model.layers import PACK_MIN_ROWS, can_pack, dense, pack, panel_width, panels
 from imagegen.model.transformer import PixelTransformer
 from commands import TINY, one_line_error, run
 from fixtures import skip_without_cpu_kernel
@@ -215,13 +215,16 @@ def test_eval_precision_option(mnist_root, tmp_path):
 @pytest.mark.parametrize("N, K, O, dtype", [(1, 256, 1024, torch.bfloat16), (3, 1024, 256, torch.bfloat16),
                                              (4, 64, 192, torch.bfloat16), (6, 64, 128, torch.bfloat16),
                                              (2, 64, 100, torch.bfloat16), (2, 64, 128, torch.float32),
+                                             (1, 256, 768, torch.float32), (4, 1024, 256, torch.float32),
+                                             (3, 7, 64, torch.float32), (9, 64, 128, torch.float32),
                                              (5, 64, 100, torch.bfloat16), (64, 1024, 256, torch.bfloat16),
                                              (256, 256, 768, torch.bfloat16)])
 def test_decode_linear_against_float64(N, K, O, dtype):
     """The decoding step's product (C++; its own bfloat16 loop for up to 4 rows and O a multiple
-    of 64, oneDNN with the weight prepacked by `layers.pack` from 5 rows, torch's addmm otherwise)
-    and `layers.dense` over the same weights against the float64 product of the same values: off by
-    no more than the output's rounding (2^-8 relative for bfloat16) plus float32 summing."""
+    of 64, oneDNN with the weight prepacked by `layers.pack` from 5 rows, torch's addmm otherwise;
+    float32 also with the weight in `layers.panels`, its own float32 loop) and `layers.dense` over
+    the same weights against the float64 product of the same values: off by no more than the
+    output's rounding (2^-8 relative for bfloat16) plus float32 summing."""
     from imagegen.ops.kernel import kernel_error, load_kernel
     if kernel_error("cpu") is not None:
         skip_without_cpu_kernel("the CPU kernel is unavailable")
@@ -232,6 +235,8 @@ def test_decode_linear_against_float64(N, K, O, dtype):
     assert packed.is_mkldnn == (dtype == torch.bfloat16 and N >= PACK_MIN_ROWS and can_pack())
     exact = torch.addmm(b.double(), x.to(dtype).double(), W.double())
     rel = 2.0 ** -8 if dtype == torch.bfloat16 else 1e-6
-    for got in (load_kernel("cpu").decode_linear(x, packed, b), dense(x, (packed, b))):
-        assert got.dtype == dtype and got.shape == (N, O)
-        assert ((got.double() - exact).abs() <= rel * exact.abs() + 1e-5 * K ** 0.5).all()
+    laid_out = [packed] + ([panels(W)] if dtype == torch.float32 and O % panel_width() == 0 else [])
+    for w in laid_out:
+        for got in (load_kernel("cpu").decode_linear(x, w, b), dense(x, (w, b))):
+            assert got.dtype == dtype and got.shape == (N, O)
+            assert ((got.double() - exact).abs() <= rel * exact.abs() + 1e-5 * K ** 0.5).all()

@@ -215,20 +215,48 @@ def test_float32_decoding_weights_prepacked_by_measurement(probes_on, monkeypatc
     assert layers.pack(w, 8) is w                                            # probes off: addmm, as before
 
 
-def test_float32_decoding_with_prepacked_weights_equals_plain(probes_on, monkeypatch):
-    """A float32 decoding state with every product prepacked (the probe says faster) steps to the same
-    parameters as the plain one, through the one-call C++ step and through the module loop."""
+@pytest.mark.parametrize("panels_ms, takes", [(5.0, True), (9.5, False), (20.0, False)])
+def test_float32_decoding_weights_in_panels_by_measurement(probes_on, monkeypatch, panels_ms, takes):
+    """Below PACK_MIN_ROWS rows layers.pack lays a float32 weight out in the C++ kernel's panels only
+    where the probe measures its product faster than addmm by the margin, and only when the output
+    width is a multiple of the panel width; panel p holds columns p*P .. p*P+P-1, row after row."""
+    from imagegen.model import layers
+    if layers.panel_width() is None:
+        skip_without_cpu_kernel("the CPU kernel is unavailable")
+    P = layers.panel_width()
+    monkeypatch.setattr(probe, "best_ms", lambda *a, **k: (10.0, panels_ms))
+    g = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(48, 2 * P, generator=g), torch.randn(2 * P, generator=g), torch.randn(3, 48, generator=g)
+    panels = layers.panels(w)
+    assert panels.shape == (2, 48, P) and panels[1, 5].equal(w[5, P:])
+    torch.testing.assert_close(layers.dense(x, (panels, b)), torch.addmm(b, x, w), rtol=1e-5, atol=1e-5)
+    laid_out = layers.pack(w, layers.PACK_MIN_ROWS - 1)
+    assert laid_out.equal(panels) if takes else laid_out is w
+    odd = torch.randn(48, P + 8, generator=g)
+    assert layers.pack(odd, 2) is odd                                     # not whole panels: addmm
+    monkeypatch.setenv("IMAGEGEN_PROBE", "0")
+    monkeypatch.setattr(probe, "_verdicts", {})
+    assert layers.pack(w, 2) is w                                         # probes off: addmm, as before
+
+
+@pytest.mark.parametrize("batch, chooser", [(8, "packs_float32"), (3, "takes_panels")])
+def test_float32_decoding_with_laid_out_weights_equals_plain(probes_on, monkeypatch, batch, chooser):
+    """A float32 decoding state with every product laid out by `pack` (prepacked for oneDNN at 8 rows,
+    in the C++ kernel's panels at 3; the probe says faster) steps to the same parameters as the plain
+    one, through the one-call C++ step and through the module loop."""
     from imagegen.model import layers
     from test_precision import decode_params, scaled_model
-    if not layers.can_pack(torch.float32):
+    if chooser == "packs_float32" and not layers.can_pack(torch.float32):
         pytest.skip("this torch has no oneDNN linear")
+    if chooser == "takes_panels" and layers.panel_width() is None:
+        skip_without_cpu_kernel("the CPU kernel is unavailable")
     model = scaled_model("linear", length=60)
-    x = torch.randint(0, 256, (8, model.length), generator=torch.Generator().manual_seed(4))
-    monkeypatch.setattr(layers, "packs_float32", lambda *shape: False)
+    x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(4))
+    monkeypatch.setattr(layers, chooser, lambda *shape: False)
     plain, state = decode_params(model, x, torch.float32)
     assert state.layers[0].attn.qkv[0] is model.blocks[0].attn.qkv.weight
-    monkeypatch.setattr(layers, "packs_float32", lambda *shape: True)
+    monkeypatch.setattr(layers, chooser, lambda *shape: True)
     for whole_model_kernel in (True, False):
-        packed, state = decode_params(model, x, torch.float32, whole_model_kernel)
-        assert state.layers[0].attn.qkv[0].is_mkldnn and state.layers[0].ff[1][0].is_mkldnn
-        torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
+        laid_out, state = decode_params(model, x, torch.float32, whole_model_kernel)
+        assert layers.is_packed(state.layers[0].attn.qkv[0]) and layers.is_packed(state.layers[0].ff[1][0])
+        torch.testing.assert_close(laid_out, plain, rtol=1e-4, atol=1e-4)

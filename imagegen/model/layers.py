@@ -8,11 +8,15 @@ bfloat16 autocast also keeps the output bfloat16 (a separate float32 bias add wo
 it and cost a full pass over the activations).
 
 Decoding may run its products in another dtype (bfloat16 sampling): `Dense.cast` converts the
-weights once, the decoding state carries them, and `dense` applies them. On the CPU at batches of
-PACK_MIN_ROWS rows or more the weight is also prepacked once into oneDNN's own layout for that
-batch (`pack`): always for bfloat16 (oneDNN's bfloat16 matmul otherwise repacks W at every call),
-for float32 where that measures faster than addmm at the product's shape and batch (on an AVX-512
-AMD EPYC about 2x from 16 rows: MKL's float32 products run well below oneDNN's there).
+weights once, the decoding state carries them, and `dense` applies them. On the CPU the weight may
+also be laid out once for the batch (`pack`):
+- from PACK_MIN_ROWS rows, prepacked into oneDNN's own layout: always for bfloat16 (oneDNN's
+  bfloat16 matmul otherwise repacks W at every call), for float32 where that measures faster than
+  addmm at the product's shape and batch (on an AVX-512 AMD EPYC about 2x from 16 rows: MKL's
+  float32 products run well below oneDNN's there);
+- below it, float32 in panels for the C++ kernel's own small-batch product (`panels`), where that
+  measures faster than addmm (on the same CPU 2-3x: it streams W at memory speed, MKL's gemv at
+  half that). bfloat16 keeps W as it is for the kernel's bfloat16 loop.
 """
 import functools
 
@@ -21,7 +25,7 @@ from torch import nn
 
 from .. import probe
 
-PACK_MIN_ROWS = 5     # fewer rows: the C++ step's own bfloat16 loop (decode_linear), which streams W
+PACK_MIN_ROWS = 5     # fewer rows: the C++ step's own loops (decode_linear), which stream W
 
 
 class Dense(nn.Module):
@@ -39,7 +43,7 @@ class Dense(nn.Module):
         (decoding states carry them), the weight prepacked by `pack` where it can be; the
         parameters themselves when they already are of dtype and the weight is not packed."""
         w = pack(self.weight.detach().to(dtype), batch)
-        if self.weight.dtype == dtype and not w.is_mkldnn:
+        if self.weight.dtype == dtype and not is_packed(w):
             return self.weight, self.bias
         return w, self.bias.detach().to(dtype)
 
@@ -65,6 +69,48 @@ def prepacked(w, batch):
     return torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), batch)
 
 
+def is_packed(w):
+    """Whether w is laid out by `pack` (oneDNN's prepacked tensor or float32 panels), not (d_in, d_out)."""
+    return w.is_mkldnn or w.dim() == 3
+
+
+@functools.cache
+def panel_width():
+    """The columns per panel of the C++ kernel's small-batch float32 product (64 with AVX-512,
+    16 otherwise), or None where the kernel is unavailable."""
+    from ..ops.kernel import kernel_error, load_kernel
+    return load_kernel("cpu").decode_panel_width() if kernel_error("cpu") is None else None
+
+
+def panels(w):
+    """w (d_in, d_out) float32 -> (d_out / P, d_in, P): its columns in panels of P = `panel_width()`,
+    each panel's rows contiguous, the layout the C++ kernel's small-batch float32 product streams
+    (decode_linear). d_out must be a multiple of P."""
+    P = panel_width()
+    return w.view(w.shape[0], -1, P).permute(1, 0, 2).contiguous()
+
+
+def takes_panels(batch, d_in, d_out):
+    """Whether a float32 (d_in, d_out) product at `batch` rows (below PACK_MIN_ROWS) runs on
+    `panels`: where the kernel is built, d_out is a multiple of its panel width and a probe measures
+    its product faster than addmm by the margin; never with probes off."""
+    if not probe.enabled():
+        return False
+    P = panel_width()
+    if P is None or d_out % P:
+        return False
+
+    def measure():                 # both as the C++ step calls them (a Python wrapper's microseconds
+        from ..ops.kernel import load_kernel            # would decide a product this small)
+        g = torch.Generator().manual_seed(0)
+        x, w, b = torch.randn(batch, d_in, generator=g), torch.randn(d_in, d_out, generator=g), torch.zeros(d_out)
+        laid_out, product = panels(w), load_kernel("cpu").decode_linear
+        with torch.no_grad():
+            return probe.best_ms(lambda: torch.addmm(b, x, w), lambda: product(x, laid_out, b), rounds=7)
+    verdict = probe.decide(f"f32-panels:N{batch}:I{d_in}:O{d_out}", measure)
+    return verdict is not None and verdict.chosen
+
+
 def packs_float32(batch, d_in, d_out):
     """Whether a float32 (d_in, d_out) product at `batch` rows is prepacked: where a probe
     (`imagegen.probe`, cached per machine) measures oneDNN's prepacked product faster than addmm by
@@ -80,11 +126,16 @@ def packs_float32(batch, d_in, d_out):
 
 
 def pack(w, batch):
-    """w (d_in, d_out) on the CPU -> the same product prepacked by oneDNN for `batch` rows (an opaque
-    (d_out, d_in) tensor that `dense` and the C++ decoding step apply with
+    """w (d_in, d_out) on the CPU -> the same product laid out for `batch` rows, which `dense` and the
+    C++ decoding step apply: below PACK_MIN_ROWS rows float32 `panels` where `takes_panels`; from it,
+    prepacked by oneDNN (an opaque (d_out, d_in) tensor, applied with
     torch.ops.mkldnn._linear_pointwise): bfloat16 where oneDNN can, float32 where `packs_float32`;
-    w itself otherwise (other dtypes and devices, fewer than PACK_MIN_ROWS rows)."""
-    if w.device.type != "cpu" or batch < PACK_MIN_ROWS or not can_pack(w.dtype):
+    w itself otherwise (other dtypes and devices)."""
+    if w.device.type != "cpu":
+        return w
+    if batch < PACK_MIN_ROWS:
+        return panels(w) if w.dtype == torch.float32 and takes_panels(batch, *w.shape) else w
+    if not can_pack(w.dtype):
         return w
     if w.dtype == torch.float32 and not packs_float32(batch, *w.shape):
         return w
@@ -98,6 +149,9 @@ def dense(x, weights):
     x2 = x.reshape(-1, x.shape[-1]).to(w.dtype)
     if w.is_mkldnn:                                        # prepacked by `pack`
         out = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), w, b, "none", [], "")
+    elif w.dim() == 3:                                     # panels (`pack`, below PACK_MIN_ROWS)
+        from ..ops.kernel import load_kernel
+        out = load_kernel("cpu").decode_linear(x2, w, b)
     else:
         out = torch.addmm(b, x2, w)
     return out.view(*x.shape[:-1], out.shape[-1])

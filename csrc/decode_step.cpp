@@ -125,20 +125,26 @@ CP_MULTIVERSION void linear_f32_panels(const float* x, const float* W, const flo
   }
 }
 
-// ---- residual add and LayerNorm of the bfloat16 decoding step -------------------------------
-// Rows [n0, n1) of h (N, D) float32: h += y (bfloat16; none when y is null), then
-// out = LayerNorm(h) * w + b rounded to bfloat16, with the mean and the (biased) variance summed
-// in float32 vectors. One pass per row where torch would run an add, a LayerNorm and a copy.
-CP_MULTIVERSION void add_layer_norm_rows(float* h, const c10::BFloat16* y, const float* w, const float* b,
-                                         c10::BFloat16* out, int64_t n0, int64_t n1, int64_t D, float eps) {
+// ---- residual add and LayerNorm of the decoding step ----------------------------------------
+// Rows [n0, n1) of h (N, D) float32: h += y (the last block's output in the products' dtype T,
+// bfloat16 or float32; none when y is null), then out = LayerNorm(h) * w + b in T, with the mean
+// and the (biased) variance summed in float32 vectors. One pass per row where torch would run an
+// add, a LayerNorm and (for bfloat16) a copy: at batch 1 those ops' fixed costs (2-4 us each) were
+// about a tenth of the float32 step.
+inline __attribute__((always_inline)) vec_t<float> load_f32(const c10::BFloat16* p) { return widen_bf16(p); }
+inline __attribute__((always_inline)) vec_t<float> load_f32(const float* p) { return load(p); }
+
+template <typename T>
+inline __attribute__((always_inline)) void add_layer_norm_body(float* h, const T* y, const float* w, const float* b,
+                                                               T* out, int64_t n0, int64_t n1, int64_t D, float eps) {
   using V = vec_t<float>;
   constexpr int64_t B = kBlock<float>;
   const int64_t Dv = D / B * B;
   for (int64_t n = n0; n < n1; ++n) {
     float* hr = h + n * D;
     if (y) {
-      const c10::BFloat16* yr = y + n * D;
-      for (int64_t i = 0; i < Dv; i += B) store(hr + i, load(hr + i) + widen_bf16(yr + i));
+      const T* yr = y + n * D;
+      for (int64_t i = 0; i < Dv; i += B) store(hr + i, load(hr + i) + load_f32(yr + i));
       for (int64_t i = Dv; i < D; ++i) hr[i] += static_cast<float>(yr[i]);
     }
     V acc{};
@@ -154,9 +160,18 @@ CP_MULTIVERSION void add_layer_norm_rows(float* h, const c10::BFloat16* y, const
     float var = hsum<float>(acc);
     for (int64_t i = Dv; i < D; ++i) var += (hr[i] - mean) * (hr[i] - mean);
     const float rstd = 1.0f / std::sqrt(var / D + eps);
-    c10::BFloat16* o = out + n * D;
-    for (int64_t i = 0; i < D; ++i) o[i] = c10::BFloat16((hr[i] - mean) * rstd * w[i] + b[i]);
+    T* o = out + n * D;
+    for (int64_t i = 0; i < D; ++i) o[i] = static_cast<T>((hr[i] - mean) * rstd * w[i] + b[i]);
   }
+}
+
+CP_MULTIVERSION void add_layer_norm_rows(float* h, const c10::BFloat16* y, const float* w, const float* b,
+                                         c10::BFloat16* out, int64_t n0, int64_t n1, int64_t D, float eps) {
+  add_layer_norm_body(h, y, w, b, out, n0, n1, D, eps);
+}
+CP_MULTIVERSION void add_layer_norm_rows(float* h, const float* y, const float* w, const float* b, float* out,
+                                         int64_t n0, int64_t n1, int64_t D, float eps) {
+  add_layer_norm_body(h, y, w, b, out, n0, n1, D, eps);
 }
 }  // namespace
 
@@ -237,10 +252,11 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
 // q, k, v projection, output projection, LayerNorm 2, feed-forward in and out, decoding state),
 // Dense weights stored (in, out) or prepacked for oneDNN (see packed_linear). head: the DecodeHead
 // tensors (LayerNorm, projection). -> distribution parameters (N, P); the states advance in place.
-// The blocks' Dense weights may be bfloat16 while h and the rest are float32 (bfloat16 decoding):
-// then each block output (bfloat16) is added to the float32 h and the next LayerNorm rounded to
-// bfloat16 in one pass (add_layer_norm_rows), the attention reads bfloat16 q, k, v into its float32
-// state, and the products return bfloat16.
+// With h float32 and the products float32 or bfloat16 (bfloat16 decoding: the blocks' Dense weights
+// bfloat16), each block output (in the products' dtype) is added to h and the next LayerNorm computed
+// in one pass (add_layer_norm_rows), its output in the products' dtype; with bfloat16 the attention
+// reads bfloat16 q, k, v into its float32 state. Other dtypes (float64, the tests' reference) run
+// torch's add, LayerNorm and addmm.
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps) {
   using Layer = DecodeLayer;
@@ -263,19 +279,24 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
                                              w[Layer::state]))
         .reshape({N, D});
   };
-  if (dtype == at::kBFloat16 && h.scalar_type() == at::kFloat) {
+  if (h.scalar_type() == at::kFloat && (dtype == at::kBFloat16 || dtype == at::kFloat)) {
     h = h.contiguous().clone();                     // the float32 residual stream, updated in place
     at::Tensor y;                                   // the last block output not yet added to h
-    auto add_norm = [&](const at::Tensor& w, const at::Tensor& b) {  // h += y; -> LayerNorm(h) in bfloat16
+    auto add_norm = [&](const at::Tensor& w, const at::Tensor& b) {  // h += y; -> LayerNorm(h) in dtype
       TORCH_CHECK(w.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && w.is_contiguous() &&
-                      b.is_contiguous() && (!y.defined() || (y.scalar_type() == at::kBFloat16 && y.is_contiguous())),
+                      b.is_contiguous() && (!y.defined() || (y.scalar_type() == dtype && y.is_contiguous())),
                   "decode_step: LayerNorm parameters must be contiguous float32");
-      auto out = at::empty({N, D}, h.options().dtype(at::kBFloat16));
-      const auto* yp = y.defined() ? y.data_ptr<c10::BFloat16>() : nullptr;
-      at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-        add_layer_norm_rows(h.data_ptr<float>(), yp, w.data_ptr<float>(), b.data_ptr<float>(),
-                            out.data_ptr<c10::BFloat16>(), n0, n1, D, static_cast<float>(ln_eps));
-      });
+      auto out = at::empty({N, D}, h.options().dtype(dtype));
+      auto rows = [&](auto zero) {                  // zero: a value of the products' C++ type
+        using T = decltype(zero);
+        const T* yp = y.defined() ? y.data_ptr<T>() : nullptr;
+        at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+          add_layer_norm_rows(h.data_ptr<float>(), yp, w.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<T>(),
+                              n0, n1, D, static_cast<float>(ln_eps));
+        });
+      };
+      if (dtype == at::kFloat) rows(0.0f);
+      else rows(c10::BFloat16(0.0f));
       return out;
     };
     for (const auto& w : layers) {

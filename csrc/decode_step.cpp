@@ -1,7 +1,7 @@
 // One decoding position of a whole linear PixelTransformer on the CPU in one call (decode_step),
 // the attention of each block through fused_attention.cpp's attention_forward_cpu with its state,
 // the small-batch products of decoding (decode_linear: float32 W in panels, bfloat16 W) and the
-// bfloat16 step's residual add fused with the next LayerNorm (add_layer_norm_rows). The tensors it takes are
+// step's residual add fused with the next LayerNorm (add_layer_norm_rows). The tensors it takes are
 // named in cpu_kernel.h (DecodeLayer, DecodeHead).
 
 #include <ATen/Parallel.h>
@@ -188,10 +188,6 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
                  std::nullopt);
 }
 
-// b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
-// dtype, as torch.addmm(b, x.to(W.dtype), W): through oneDNN for a prepacked W (see packed_linear),
-// through linear_f32_panels for float32 W in panels (see panel_linear), through linear_bf16_range
-// for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
 // b + x W for x (N, K) and float32 W in panels (O / kPanel, K, kPanel) (see linear_f32_panels).
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
   const int64_t N = x.size(0), K = W.size(1), O = W.size(0) * kPanel;
@@ -214,6 +210,10 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& W, const at::Tens
 
 int64_t decode_panel_width() { return kPanel; }
 
+// b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
+// dtype, as torch.addmm(b, x.to(W.dtype), W): through oneDNN for a prepacked W (see packed_linear),
+// through linear_f32_panels for float32 W in panels (see panel_linear), through linear_bf16_range
+// for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
 at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
   if (W.is_mkldnn()) return packed_linear(x, W, b);
   if (W.dim() == 3) return panel_linear(x, W, b);
@@ -250,8 +250,9 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
 // overhead of some ninety small ops per position (most of the batch-1 time). h (N, D): the
 // embedded input token. layers: per block the DecodeLayer tensors (cpu_kernel.h: LayerNorm 1,
 // q, k, v projection, output projection, LayerNorm 2, feed-forward in and out, decoding state),
-// Dense weights stored (in, out) or prepacked for oneDNN (see packed_linear). head: the DecodeHead
-// tensors (LayerNorm, projection). -> distribution parameters (N, P); the states advance in place.
+// Dense weights stored (in, out), prepacked for oneDNN (see packed_linear) or in panels (see
+// panel_linear). head: the DecodeHead tensors (LayerNorm, projection). -> distribution parameters
+// (N, P); the states advance in place.
 // With h float32 and the products float32 or bfloat16 (bfloat16 decoding: the blocks' Dense weights
 // bfloat16), each block output (in the products' dtype) is added to h and the next LayerNorm computed
 // in one pass (add_layer_norm_rows), its output in the products' dtype; with bfloat16 the attention
@@ -310,7 +311,6 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
   } else {
     TORCH_CHECK(dtype == h.scalar_type(), "decode_step: the products must be bfloat16 or h's dtype");
     auto residual = [&](const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {  // h + x W + b
-      if (W.is_mkldnn() || W.dim() == 3) return at::add(h, decode_linear(x, W, b));
       return at::addmm(h, x, W).add_(b);                                                  // one addmm into h
     };
     for (const auto& w : layers) {

@@ -134,7 +134,7 @@ def pack(w, batch):
     if w.device.type != "cpu":
         return w
     if batch < PACK_MIN_ROWS:
-        return panels(w) if w.dtype == torch.float32 and takes_panels(batch, *w.shape) else w
+        return panels(w) if batch >= 1 and w.dtype == torch.float32 and takes_panels(batch, *w.shape) else w
     if not can_pack(w.dtype):
         return w
     if w.dtype == torch.float32 and not packs_float32(batch, *w.shape):

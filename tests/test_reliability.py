@@ -15,13 +15,16 @@ from commands import TINY, call, one_line_error, run
 TRAIN = ["model=linear", *TINY, "train.val_every=5", "train.sample_every=0", "train.save_every=1"]
 
 # Runs imagegen-train in this interpreter; with KILL_AT_SAVE=N it SIGKILLs itself halfway through
-# writing its N-th checkpoint, as a crash during the write would.
+# writing its N-th checkpoint, as a crash during the write would; with TERM_AT_SAVE=N it sends
+# itself SIGTERM as its N-th checkpoint starts (a stop request arriving during the save).
 LAUNCHER = """
 import os, signal, sys, torch
-n_kill = int(os.environ.get("KILL_AT_SAVE", "0"))
+n_kill, n_term = int(os.environ.get("KILL_AT_SAVE", "0")), int(os.environ.get("TERM_AT_SAVE", "0"))
 saves, real_save = [0], torch.save
 def save(obj, f, *args, **kwargs):
     saves[0] += 1
+    if saves[0] == n_term:
+        os.kill(os.getpid(), signal.SIGTERM)
     if saves[0] == n_kill:
         f.write(b"PK half a checkpoint")
         f.flush()
@@ -34,8 +37,8 @@ main()
 """
 
 
-def start(run_dir, root, *args, kill_at_save=0):
-    env = {**os.environ, "KILL_AT_SAVE": str(kill_at_save)}
+def start(run_dir, root, *args, kill_at_save=0, term_at_save=0):
+    env = {**os.environ, "KILL_AT_SAVE": str(kill_at_save), "TERM_AT_SAVE": str(term_at_save)}
     return subprocess.Popen([sys.executable, "-c", LAUNCHER, *TRAIN, f"data.root={root}", f"run_dir={run_dir}",
                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -84,6 +87,18 @@ def assert_same_training(a, b):
     for (i, sa), (_, sb) in zip(ca["optimizer"]["state"].items(), cb["optimizer"]["state"].items()):
         for key in sa:
             assert torch.equal(torch.as_tensor(sa[key]), torch.as_tensor(sb[key])), (i, key)
+
+
+@pytest.mark.slow
+def test_a_stop_request_during_the_last_save_does_not_kill_it(mnist_root, tmp_path):
+    """SIGTERM arriving while the run writes its final checkpoints (as when a rank stopped by the other
+    rank's signal then gets its own, torchrun having been killed) is taken as a stop request: the
+    save completes. Python's default action would end the process mid-save, losing the run's steps."""
+    proc = start(tmp_path, mnist_root, "train.max_steps=3", "train.save_every=1000", "train.val_every=1000",
+                 term_at_save=1)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, (out, err)
+    assert saved_step(tmp_path) == 3
 
 
 @pytest.mark.slow

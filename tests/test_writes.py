@@ -514,6 +514,8 @@ def test_killing_torchrun_stops_both_ranks(mnist_root, tmp_path):
     while time.time() < deadline and any(alive(p) for p in children):
         time.sleep(0.2)
     assert not any(alive(p) for p in children)
+    out, err = launcher.communicate()                # the ranks' output (they held the pipes until now)
+    assert (tmp_path / "last.pt").exists(), (out[-3000:], err[-3000:])
     assert torch.load(tmp_path / "last.pt", weights_only=True)["state"]["step"] >= 2   # saved as on SIGTERM
 
 

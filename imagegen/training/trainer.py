@@ -286,17 +286,20 @@ class Trainer:
                 state.elapsed += time.perf_counter() - tick
                 progress.step(loss, lr, x.numel() * self.world.size)
                 self.at_step_end()
-        progress.close()
-        if signalled:
+            # the last save inside the handlers too: a rank stopped by another's signal may get its own
+            # first one now (torchrun killed: each rank's parent watch fires in its own time), which
+            # must not kill it mid-save as the default SIGTERM action would
+            progress.close()
+            if signalled:
+                self.save("last.pt")
+                self.say(f"stopped by {stop.signal or 'another process'} at step {state.step}: saved {self.last}; "
+                         f"run the same command again to resume")
+                self.log.close()
+                raise KeyboardInterrupt
+            if state.step % t["val_every"]:
+                self.validate()
             self.save("last.pt")
-            self.say(f"stopped by {stop.signal or 'another process'} at step {state.step}: saved {self.last}; "
-                     f"run the same command again to resume")
             self.log.close()
-            raise KeyboardInterrupt
-        if state.step % t["val_every"]:
-            self.validate()
-        self.save("last.pt")
-        self.log.close()
         self.say(f"done: {state.step} steps in {state.elapsed / 60:.1f} min; best val bits/dim "
                  f"{state.best_val:.4f}; checkpoints {self.run_dir}/last.pt and best.pt")
         return state

@@ -122,21 +122,26 @@ def fake_cache(root, n, side, monkeypatch):
 @pytest.mark.slow
 def test_training_memory_stays_flat_as_the_cache_grows_10x(tmp_path, monkeypatch):
     """Peak RSS of imagegen-train (3 steps) on a 15,000-image cache (184 MB) against a 1,500-image one
-    (18 MB): the larger run may not hold the pixels it does not use."""
-    peaks = {}
-    for n in (1500, 15000):
+    (18 MB): the larger run may not hold the pixels it does not use. A run's peak (about 600 MiB)
+    varies by +-40 MiB from run to run here, so each size takes the least of three runs, alternating,
+    and the bound is half of what the cache grew: a run holding the whole cache would pass it."""
+    sizes, peaks = (1500, 15000), {}
+    for n in sizes:
         fake_cache(tmp_path / str(n), n, 64, monkeypatch)
-        cmd = [str(Path(sys.executable).with_name("imagegen-train")), "data=folder", f"data.root={tmp_path / str(n)}",
-               "data.image_size=64", f"run_dir={tmp_path / f'run{n}'}", "train.max_steps=3", *TINY,
-               "train.batch_size=2", "train.val_images=2", "train.val_every=1000"]
-        out = subprocess.run([sys.executable, "-c", MEASURE, *cmd], capture_output=True, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
-        assert out.returncode == 0, out.stderr
-        peaks[n] = int(out.stdout.split()[-1]) * 1024
-    grown = peaks[15000] - peaks[1500]
-    print(f"peak RSS {peaks[1500] / 2**20:.0f} MiB -> {peaks[15000] / 2**20:.0f} MiB as the cache grew from "
+    for r in range(3):
+        for n in sizes:
+            cmd = [str(Path(sys.executable).with_name("imagegen-train")), "data=folder",
+                   f"data.root={tmp_path / str(n)}", "data.image_size=64", f"run_dir={tmp_path / f'run{n}-{r}'}",
+                   "train.max_steps=3", *TINY, "train.batch_size=2", "train.val_images=2", "train.val_every=1000"]
+            out = subprocess.run([sys.executable, "-c", MEASURE, *cmd], capture_output=True, text=True,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+            assert out.returncode == 0, out.stderr
+            peaks.setdefault(n, []).append(int(out.stdout.split()[-1]) * 1024)
+    least = {n: min(p) for n, p in peaks.items()}
+    cache_growth = (sizes[1] - sizes[0]) * 64 * 64 * 3
+    print(f"peak RSS {least[1500] / 2**20:.0f} MiB -> {least[15000] / 2**20:.0f} MiB as the cache grew from "
           f"{1500 * 12288 / 2**20:.0f} to {15000 * 12288 / 2**20:.0f} MiB")
-    assert grown < 40 * 2**20, peaks
+    assert least[15000] - least[1500] < cache_growth / 2, peaks
 
 
 @pytest.mark.slow

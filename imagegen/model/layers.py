@@ -90,6 +90,20 @@ def panels(w):
     return w.view(w.shape[0], -1, P).permute(1, 0, 2).contiguous()
 
 
+def faster_than_addmm(name, batch, d_in, d_out, candidate):
+    """Whether the probe `name` (`imagegen.probe`, cached per machine) measures the product that
+    candidate(w) returns, called as product(x, b), faster than torch's addmm by its margin, for a
+    float32 (d_in, d_out) product at `batch` rows; never with probes off."""
+    def measure():
+        g = torch.Generator().manual_seed(0)
+        x, w, b = torch.randn(batch, d_in, generator=g), torch.randn(d_in, d_out, generator=g), torch.zeros(d_out)
+        product = candidate(w)
+        with torch.no_grad():
+            return probe.best_ms(lambda: torch.addmm(b, x, w), lambda: product(x, b), rounds=7)
+    verdict = probe.decide(f"{name}:N{batch}:I{d_in}:O{d_out}", measure)
+    return verdict is not None and verdict.chosen
+
+
 def takes_panels(batch, d_in, d_out):
     """Whether a float32 (d_in, d_out) product at `batch` rows (below PACK_MIN_ROWS) runs on
     `panels`: where the kernel is built, d_out is a multiple of its panel width and a probe measures
@@ -100,29 +114,20 @@ def takes_panels(batch, d_in, d_out):
     if P is None or d_out % P:
         return False
 
-    def measure():                 # both as the C++ step calls them (a Python wrapper's microseconds
+    def panel_product(w):          # as the C++ step calls it (a Python wrapper's microseconds
         from ..ops.kernel import load_kernel            # would decide a product this small)
-        g = torch.Generator().manual_seed(0)
-        x, w, b = torch.randn(batch, d_in, generator=g), torch.randn(d_in, d_out, generator=g), torch.zeros(d_out)
         laid_out, product = panels(w), load_kernel("cpu").decode_linear
-        with torch.no_grad():
-            return probe.best_ms(lambda: torch.addmm(b, x, w), lambda: product(x, laid_out, b), rounds=7)
-    verdict = probe.decide(f"f32-panels:N{batch}:I{d_in}:O{d_out}", measure)
-    return verdict is not None and verdict.chosen
+        return lambda x, b: product(x, laid_out, b)
+    return faster_than_addmm("f32-panels", batch, d_in, d_out, panel_product)
 
 
 def packs_float32(batch, d_in, d_out):
-    """Whether a float32 (d_in, d_out) product at `batch` rows is prepacked: where a probe
-    (`imagegen.probe`, cached per machine) measures oneDNN's prepacked product faster than addmm by
-    its margin; never with probes off."""
-    def measure():
-        g = torch.Generator().manual_seed(0)
-        x, w, b = torch.randn(batch, d_in, generator=g), torch.randn(d_in, d_out, generator=g), torch.zeros(d_out)
+    """Whether a float32 (d_in, d_out) product at `batch` rows is prepacked: where a probe measures
+    oneDNN's prepacked product faster than addmm by its margin; never with probes off."""
+    def packed_product(w):
         packed = prepacked(w, batch)
-        with torch.no_grad():
-            return probe.best_ms(lambda: torch.addmm(b, x, w), lambda: dense(x, (packed, b)), rounds=7)
-    verdict = probe.decide(f"f32-pack:N{batch}:I{d_in}:O{d_out}", measure)
-    return verdict is not None and verdict.chosen
+        return lambda x, b: dense(x, (packed, b))
+    return faster_than_addmm("f32-pack", batch, d_in, d_out, packed_product)
 
 
 def pack(w, batch):

@@ -50,7 +50,8 @@ def test_train_and_eval_cifar(model, cifar_root, tmp_path):
     (["model=foo"], "unknown model 'foo'; choose one of: linear, lsh, lsh4, softmax."),
     (["data=svhn"], "unknown data 'svhn'; choose one of: cifar10, cifar100, fashion_mnist, folder, imagenet32, "
                      "imagenet64, mnist."),
-    (["preset=huge"], "unknown preset 'huge'; choose one of: cpu_64, cpu_cifar, cpu_mnist, paper_cifar, paper_mnist, small."),
+    (["preset=huge"], "unknown preset 'huge'; choose one of: cpu_64, cpu_cifar, cpu_mnist, paper_cifar, "
+                      "paper_mnist, small."),
     (["data.root=/nonexistent", "run_dir=/tmp/imagegen-never"], "MNIST not found"),
     (["train.bf16=maybe", "run_dir=/tmp/imagegen-never"], "train.bf16 must be auto, true or false, not 'maybe'."),
 ])

@@ -1,10 +1,12 @@
 """Class-conditional models: the class embedding, label dropout's "no label" row, classifier-free
 guidance in both sampling loops, and step == forward with labels."""
+import math
+
 import pytest
 import torch
 
 from imagegen.errors import UserError
-from imagegen.model.heads import Categorical, LogisticMixture, guided_probs
+from imagegen.model.heads import GUIDANCE_BOUND, Categorical, LogisticMixture, guided_probs
 from imagegen.model.transformer import START, PixelTransformer
 from imagegen.sampling.decode import generate
 
@@ -70,9 +72,27 @@ def test_guidance_combines_the_two_distributions(head):
     c, u = head.probs(pc), head.probs(pu)
     assert torch.equal(guided_probs(head, pc, pu, 1.0), c)
     torch.testing.assert_close(guided_probs(head, pc, pu, 0.0), u / u.sum(-1, keepdim=True))
-    g = guided_probs(head, pc, pu, 3.0)
-    expected = c ** 3 * u ** -2
+    half = c ** 0.5 * u ** 0.5
+    torch.testing.assert_close(guided_probs(head, pc, pu, 0.5), half / half.sum(-1, keepdim=True))
+    g = guided_probs(head, pc, pu, 3.0)                 # above 1: the log-ratio bounded by GUIDANCE_BOUND
+    expected = c * torch.exp(2 * torch.log(c / u).clamp(-GUIDANCE_BOUND, GUIDANCE_BOUND))
     torch.testing.assert_close(g, expected / expected.sum(-1, keepdim=True))
+
+
+def test_guidance_above_one_cannot_lift_a_value_the_class_finds_unlikely():
+    """Unbounded p_c^G p_u^(1-G) lifts a value with p_c = 1e-3 and p_u = 1e-6 above one both find
+    likely; the bounded form keeps every value within e^((G-1)B) of p_c, whatever G."""
+    head = Categorical()
+    rest = [1e-3 / 253] * 253
+    c = torch.tensor([[0.5, 0.498, 1e-3] + rest], dtype=torch.float64)
+    u = torch.tensor([[0.5, 0.499 - 1e-6, 1e-6] + rest], dtype=torch.float64)
+    unbounded = c ** 5 * u ** -4
+    assert (unbounded / unbounded.sum())[0, 2] > 0.99
+    for G in (2.0, 5.0, 50.0):
+        g = guided_probs(head, c.log(), u.log(), G)
+        boost = g / c
+        assert boost.max() / boost[0, :3].min() <= math.exp(2 * (G - 1) * GUIDANCE_BOUND) * (1 + 1e-5)
+        assert g[0, 2] < 0.01 * g[0, 0] * math.exp(2 * (G - 1) * GUIDANCE_BOUND)
 
 
 @pytest.mark.parametrize("attention", ["linear", "softmax"])

@@ -94,17 +94,25 @@ def make_head(name, n_mixtures=10):
     raise UserError(f"unknown output head {name!r}; choose model.head=mixture or model.head=categorical.")
 
 
+GUIDANCE_BOUND = 0.5   # B: above G = 1, log p_c - log p_u is clamped to [-B, B] per value (docs/guidance.md)
+
+
 def guided_probs(head, params, params_uncond=None, guidance=1.0):
-    """p over the 256 values (B, 256) from params (B, P); with classifier-free guidance G and the
-    unconditional branch's params_uncond (B, P): p_c^G p_u^(1-G), normalised (G = 1 is p_c itself,
-    G = 0 p_u, G > 1 leans further towards the class)."""
+    """p over the 256 values (B, 256) from params (B, P) with classifier-free guidance G, given the
+    unconditional branch's params_uncond (B, P). G <= 1: p_c^G p_u^(1-G), normalised (G = 1 is p_c,
+    G = 0 p_u). G > 1 leans further towards the class, boundedly: p_c exp((G-1) clamp(log p_c -
+    log p_u, -B, B)), normalised, so no value gains more than e^((G-1)B) over p_c and a value the
+    class itself finds unlikely cannot be drawn up from the tails (the unbounded p_c^G p_u^(1-G)
+    did that over hundreds of steps: streaks and speckles)."""
     p = head.probs(params)
     if params_uncond is None or guidance == 1.0:
         return p
     tiny = torch.finfo(p.dtype).tiny
-    uncond = head.probs(params_uncond)
-    logp = guidance * torch.log(p.clamp_min(tiny)) + (1 - guidance) * torch.log(uncond.clamp_min(tiny))
-    return torch.softmax(logp, dim=-1)
+    log_c, log_u = torch.log(p.clamp_min(tiny)), torch.log(head.probs(params_uncond).clamp_min(tiny))
+    ratio = log_c - log_u
+    if guidance > 1:
+        ratio = ratio.clamp(-GUIDANCE_BOUND, GUIDANCE_BOUND)
+    return torch.softmax(log_c + (guidance - 1) * ratio, dim=-1)
 
 
 def sample(head, params, temperature=1.0, generator=None, uniforms=None, params_uncond=None, guidance=1.0):

@@ -1,0 +1,71 @@
+"""Bad input to sampling, through the Python API and imagegen-sample: each refused with one sentence
+naming the problem and the fix, before any work (issue 33, "sharp edges")."""
+import math
+
+import numpy as np
+import pytest
+
+import imagegen
+from commands import call, one_line_error
+from fixtures import one_sentence
+from imagegen.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def model():
+    return imagegen.load("mnist-linear")
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    (dict(guidance=math.nan), "guidance must be a finite number >= 0, got nan"),
+    (dict(guidance=math.inf), "guidance must be a finite number >= 0, got inf"),
+    (dict(temperature=math.nan), "temperature must be a finite number > 0, got nan"),
+    (dict(temperature=math.inf), "temperature must be a finite number > 0, got inf"),
+    (dict(n=-1), "n must be a positive number, got -1"),
+    (dict(n=1, batch_size=0), "batch_size must be a positive number, got 0"),
+    (dict(n=10 ** 9), "n=1,000,000,000 would need about"),
+])
+def test_generate_refuses_bad_numbers(model, kwargs, pattern):
+    with pytest.raises(UserError) as e:
+        model.generate(labels=[1], **kwargs)
+    assert pattern in one_sentence(e)
+
+
+def test_complete_and_grid_refuse_bad_numbers(model):
+    images = np.zeros((1, 28, 28, 1), np.uint8)
+    with pytest.raises(UserError) as e:
+        model.complete(images, n=-1)
+    assert "n must be a positive number, got -1" in one_sentence(e)
+    with pytest.raises(UserError) as e:
+        model.complete(images, n=10 ** 9)
+    assert "would need about" in one_sentence(e)
+    with pytest.raises(UserError) as e:
+        model.grid(images, nrow=0)
+    assert "nrow must be a positive number, got 0" in one_sentence(e)
+
+
+@pytest.mark.parametrize("value", [0.5, -1.0, 256.0, math.nan])
+def test_complete_refuses_float_images_that_are_not_bytes(model, value):
+    images = np.zeros((1, 28, 28, 1), np.float32)
+    images[0, 3, 4] = value
+    with pytest.raises(UserError) as e:
+        model.complete(images, n=1)
+    assert f"images must hold whole numbers in 0..255 (uint8 pixels), got float32 values such as {value}" \
+        in one_sentence(e)
+
+
+def test_complete_takes_float_images_of_whole_bytes(model):
+    images = np.full((1, 28, 28, 1), 255.0)
+    out = model.complete(images, rows=27, n=1)
+    assert out.shape == (1, 1, 28, 28, 1) and (out[0, 0, :27] == 255).all()
+
+
+@pytest.mark.parametrize("arg,pattern", [
+    ("guidance=nan", "guidance must be a finite number >= 0, got nan"),
+    ("guidance=inf", "guidance must be a finite number >= 0, got inf"),
+    ("temperature=nan", "temperature must be a finite number > 0, got nan"),
+])
+def test_sample_refuses_nan_and_inf(tmp_path, arg, pattern):
+    proc = call("imagegen-sample", arg, f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, pattern)
+    assert not (tmp_path / "x.png").exists()

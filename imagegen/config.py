@@ -371,10 +371,10 @@ def check_classes(labels, class_names, key="labels"):
     naming the bad one and the classes there are."""
     bad = [v for v in labels if not -1 <= v < len(class_names)]
     if bad:
-        names = ", ".join(f"{i} {n}" for i, n in enumerate(class_names[:10])) + (", ..." if len(class_names) > 10
-                                                                                   else "")
+        named = [f"{i}: {n}" for i, n in enumerate(class_names) if n != str(i)]
+        names = f" ({', '.join(named[:10])}{', ...' if len(named) > 10 else ''})" if named else ""
         raise UserError(f"{key} holds {bad[0]}, which is not a class of this model; use class numbers "
-                        f"0..{len(class_names) - 1} ({names}).")
+                        f"0..{len(class_names) - 1}{names}.")
 
 
 def check_sample(cfg):

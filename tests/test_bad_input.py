@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 import imagegen
 from commands import call, one_line_error
@@ -69,3 +70,54 @@ def test_sample_refuses_nan_and_inf(tmp_path, arg, pattern):
     proc = call("imagegen-sample", arg, f"out={tmp_path / 'x.png'}")
     one_line_error(proc, pattern)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_sample_size_check_counts_a_row_per_class(tmp_path):
+    """labels=auto on the class-conditional shipped model draws nrow x 10 images: the check counts
+    those (it counted num_images, and the command then tried to allocate 784 GB)."""
+    proc = call("imagegen-sample", "nrow=100000000", f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, "nrow=100,000,000 images for each of 10 label rows would need about")
+    assert "at most about nrow=" in proc.stderr
+
+
+def test_sample_says_labels_auto_draws_a_row_per_class(tmp_path, monkeypatch):
+    from imagegen.commands import sample
+    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: torch.zeros(n, 784, dtype=torch.uint8))
+    proc = call("imagegen-sample", "num_images=2", "threads=1", "scale=1", f"out={tmp_path / 'x.png'}")
+    assert proc.returncode == 0, proc.stderr
+    line = ("labels=auto: a row of nrow=8 images for each of the 10 classes (80 in all, not num_images); for "
+            "num_images images pass label=N or labels=none.")
+    assert line in proc.stdout.splitlines(), proc.stdout
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["labels=[99]", "num_images=2"], "labels holds 99, which is not a class of this model; use class numbers 0..9."),
+    (["labels=[3,-2]"], "labels holds -2, which is not a class of this model; use class numbers 0..9"),
+    (["label=12"], "label holds 12, which is not a class of this model; use class numbers 0..9"),
+])
+def test_sample_names_the_bad_class_before_any_work(tmp_path, monkeypatch, args, pattern):
+    """Refused right after the checkpoint is read: no model built, nothing printed before (the thread
+    probe's line was)."""
+    from imagegen.store import checkpoint
+
+    def no_model(*a, **kw):
+        raise AssertionError("the model was built before the labels were checked")
+    monkeypatch.setattr(checkpoint, "model_from_checkpoint", no_model)
+    proc = call("imagegen-sample", *args, f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, pattern)
+    assert proc.stdout == ""
+
+
+def test_api_names_the_bad_class(model):
+    with pytest.raises(UserError) as e:
+        model.generate(n=2, labels=[99])
+    assert "labels holds 99, which is not a class of this model; use class numbers 0..9" in one_sentence(e)
+
+
+def test_bad_class_sentence_names_the_classes():
+    from imagegen.config import check_classes
+    from imagegen.data.sets import dataset_info
+    with pytest.raises(UserError) as e:
+        check_classes([3, 10], dataset_info({"name": "fashion_mnist"}).class_names)
+    assert "labels holds 10, which is not a class of this model; use class numbers 0..9 (0: T-shirt/top, 1: " \
+        "Trouser," in one_sentence(e)

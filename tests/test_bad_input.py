@@ -121,3 +121,58 @@ def test_bad_class_sentence_names_the_classes():
         check_classes([3, 10], dataset_info({"name": "fashion_mnist"}).class_names)
     assert "labels holds 10, which is not a class of this model; use class numbers 0..9 (0: T-shirt/top, 1: " \
         "Trouser," in one_sentence(e)
+
+
+# ---------------------------------------------------------------- checkpoints and out= that mislead
+def shipped_with(path, **weights):
+    """The shipped model saved as a .pt checkpoint at path, with some weights replaced."""
+    from imagegen.store import checkpoint
+    ck = checkpoint.load("mnist-linear")
+    checkpoint.save(path, {"config": ck["config"], "model": {**ck["model"], **weights}})
+    return path
+
+
+@pytest.mark.parametrize("cmd,extra", [("imagegen-sample", ["num_images=1", "out=x.png"]), ("imagegen-eval", []),
+                                       ("imagegen-export", ["out=site"])])
+def test_weight_of_the_wrong_shape_is_named_with_both_shapes(tmp_path, monkeypatch, cmd, extra):
+    """Every command that builds the model names the parameter and both shapes (eval, sample and export
+    said "(Error(s) in loading state_dict for PixelTransformer:)", the detail cut)."""
+    monkeypatch.chdir(tmp_path)
+    bad = shipped_with(tmp_path / "bad.pt", **{"proj.bias": torch.zeros(7, 5)})
+    one_line_error(call(cmd, f"checkpoint={bad}", *extra), "proj.bias is (7, 5) where the model needs (256)")
+
+
+def test_plain_pickle_and_random_bytes_are_not_checkpoints(tmp_path):
+    import os
+    import pickle
+    import warnings
+    (tmp_path / "pickle.pt").write_bytes(pickle.dumps({"a": 1}, protocol=4))
+    (tmp_path / "random.pt").write_bytes(os.urandom(4096))
+    for name in ("pickle.pt", "random.pt"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            proc = call("imagegen-sample", f"checkpoint={tmp_path / name}", f"out={tmp_path / 'x.png'}")
+        assert not [w for w in caught if "pickle protocol" in str(w.message)]
+        assert "pickle protocol" not in proc.stderr
+        one_line_error(proc, f"{tmp_path / name} is not a readable checkpoint (truncated or not written by imagegen: "
+                             f"it is another kind of file, or damaged)")
+
+
+def test_out_naming_a_folder_or_under_a_file(tmp_path):
+    (tmp_path / "folder").mkdir()
+    proc = call("imagegen-sample", f"out={tmp_path / 'folder'}")
+    one_line_error(proc, f"{tmp_path / 'folder'} is a folder, and the sample grid is a file; give a file name "
+                         f"instead, e.g. {tmp_path / 'folder' / 'grid.png'}")
+    (tmp_path / "file").write_text("x")
+    proc = call("imagegen-sample", f"out={tmp_path / 'file' / 'sub' / 'x.png'}")
+    one_line_error(proc, f"{tmp_path / 'file' / 'sub' / 'x.png'} cannot be written: {tmp_path / 'file'} is a file, "
+                         f"not a folder")
+    assert proc.stdout == ""                   # refused before any work
+
+
+def test_writes_refuse_a_folder_where_the_file_goes(tmp_path):
+    from imagegen.files import write_bytes
+    (tmp_path / "x.json").mkdir()
+    with pytest.raises(UserError) as e:
+        write_bytes(tmp_path / "x.json", b"{}", "result")
+    assert f"{tmp_path / 'x.json'} is a folder, and the result is a file" in one_sentence(e)

@@ -8,7 +8,7 @@ from ..store import checkpoint, shipped
 from .cli import hydra_entry
 from ..config import check_classes, check_sample
 from ..data.sets import dataset_info, load_from_config
-from ..files import write_image
+from ..files import check_target, write_image
 from ..memory import check_request_fits
 from ..ops.kernel import prebuilt_only
 from ..precision import dtype_name, model_dims, precision_reason, resolve_precision, slow_bf16_note
@@ -55,6 +55,8 @@ def run_sample(cfg, device):
     check_sample(cfg)
     prebuilt_only()                          # never wait for the C++ kernel's first compile here
     path = shipped.resolve(cfg["checkpoint"])
+    out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
+    check_target(out, "sample grid", f"{cfg['mode']}.png")
     ck = checkpoint.load(path)
     info = dataset_info(ck["config"]["data"])
     num_classes = ck["config"]["model"]["num_classes"]
@@ -77,7 +79,6 @@ def run_sample(cfg, device):
     def pick_threads(n):                     # threads=0: measured at the batch the loop will run
         if device.type == "cpu" and not cfg.get("threads") and sampler == "step":
             print(choose_threads(model, min(cfg["batch_size"], n), dtype)[1])
-    out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":

@@ -63,6 +63,8 @@ def check_format(ck, path, current):
 def load_reason(e):
     """Why torch.load refused a file, in whole words (never cut mid-word)."""
     text = str(e).strip()
+    if "Unsupported operand" in text:          # bytes no pickle of torch.save starts with
+        return "it is another kind of file, or damaged"
     if "Weights only load failed" in text or "weights_only" in text:
         m = re.search(r"(?:unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", text, re.IGNORECASE)
         what = f"it asks to import {m.group(1)}" if m else "it holds Python objects beyond tensors and plain data"

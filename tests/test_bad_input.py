@@ -143,12 +143,12 @@ def test_weight_of_the_wrong_shape_is_named_with_both_shapes(tmp_path, monkeypat
 
 
 def test_plain_pickle_and_random_bytes_are_not_checkpoints(tmp_path):
-    import os
     import pickle
     import warnings
     (tmp_path / "pickle.pt").write_bytes(pickle.dumps({"a": 1}, protocol=4))
-    (tmp_path / "random.pt").write_bytes(os.urandom(4096))
-    for name in ("pickle.pt", "random.pt"):
+    for seed in range(3):
+        (tmp_path / f"random{seed}.pt").write_bytes(np.random.default_rng(seed).bytes(4096))
+    for name in ("pickle.pt", "random0.pt", "random1.pt", "random2.pt"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             proc = call("imagegen-sample", f"checkpoint={tmp_path / name}", f"out={tmp_path / 'x.png'}")

@@ -50,7 +50,7 @@ def load(path, hint="checkpoint=PATH"):
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, foreign objects: all unreadable to us
-        reason = checks.load_reason(e)
+        reason = checks.load_reason(e) if checks.torch_saved(path) else "it is another kind of file, or damaged"
         raise UserError(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason}); "
                         f"use another checkpoint, e.g. best.pt or last.pt from the run folder.") from None
     return check(ck, path)

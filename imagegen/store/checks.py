@@ -4,6 +4,7 @@ use another checkpoint ...":
 
   check_path(path, hint)             a folder or a missing file, named as such (a folder's .pt files listed)
   check_format(ck, path, current)    a newer or older format tag named as such
+  torch_saved(path)                  whether the file starts as torch.save's files do
   load_reason(e)                     why torch.load refused a file, in whole words
   check_buildable(cfg, weights, path)  before allocating: attention options, the layer count against
                                      the weights, the size against free memory
@@ -60,11 +61,18 @@ def check_format(ck, path, current):
                         f"imagegen version that wrote it.")
 
 
+def torch_saved(path):
+    """Whether the file starts as torch.save writes: a zip archive, or a protocol 2 pickle (older torch)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4).startswith((b"PK\x03\x04", b"\x80\x02"))
+    except OSError:                         # unreadable: torch.load's own reason says why
+        return True
+
+
 def load_reason(e):
     """Why torch.load refused a file, in whole words (never cut mid-word)."""
     text = str(e).strip()
-    if "Unsupported operand" in text:          # bytes no pickle of torch.save starts with
-        return "it is another kind of file, or damaged"
     if "Weights only load failed" in text or "weights_only" in text:
         m = re.search(r"(?:unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", text, re.IGNORECASE)
         what = f"it asks to import {m.group(1)}" if m else "it holds Python objects beyond tensors and plain data"

@@ -14,7 +14,9 @@ import torch
 
 from .store import checkpoint, shipped
 from .data.sets import dataset_info
+from .config import check_classes, check_sampling
 from .errors import UserError
+from .memory import check_images_fit
 from .precision import model_dims, resolve_precision
 from .sampling.decode import generate, grid, resolve_sampler, to_images
 from .bits_per_dim import bits_per_dim
@@ -53,6 +55,8 @@ class Model:
         their count, else 16); guidance: None takes the model's default."""
         labels = self._labels(labels)
         n = n if n is not None else (len(labels) if labels is not None and len(labels) > 1 else 16)
+        check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance)
+        check_images_fit(self.info, n, f"n={n:,}")
         seqs = generate(self.module, n, temperature=temperature, seed=seed, batch_size=batch_size,
                         labels=labels, guidance=self.guidance if guidance is None else guidance,
                         dtype=resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch_size),
@@ -63,7 +67,9 @@ class Model:
                  precision="float32", batch_size=64):
         """Keep the top `rows` image rows (default: half) of images (B, H, W, C) uint8 and sample the
         rest n times each: (B, n, H, W, C) uint8."""
+        check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance)
         images = self._images(images)
+        check_images_fit(self.info, len(images) * n, f"{len(images):,} images x n={n:,}")
         rows = self.info.height // 2 if rows is None else rows
         if not 0 <= rows <= self.info.height:
             raise UserError(f"rows must lie in 0..{self.info.height}, got {rows}.")
@@ -86,6 +92,7 @@ class Model:
 
     def grid(self, images, nrow=8, scale=4):
         """A PIL image tiling images (B, H, W, C) uint8, nrow per row, upscaled `scale` times."""
+        check_sampling(nrow=nrow, scale=scale)
         return grid(np.asarray(images), nrow=nrow, scale=scale)
 
     @property
@@ -94,6 +101,13 @@ class Model:
         return resolve_sampler(self.module, "auto")
 
     def _images(self, images):
+        images = np.asarray(images)
+        if images.dtype != np.uint8:
+            bad = images[~np.isin(images, np.arange(256))] if np.issubdtype(images.dtype, np.number) else images
+            if bad.size:
+                raise UserError(f"images must hold whole numbers in 0..255 (uint8 pixels), got {images.dtype} values "
+                                f"such as {bad.flat[0]}; scale them to 0..255 and round, e.g. "
+                                f"np.round(images * 255).astype(np.uint8).")
         images = np.ascontiguousarray(images, dtype=np.uint8)
         shape = (self.info.height, self.info.width, self.info.channels)
         if images.ndim == 3 and self.info.channels == 1:
@@ -106,6 +120,8 @@ class Model:
         if labels is None:
             return None
         labels = torch.as_tensor(np.asarray(labels), dtype=torch.long).flatten()
+        if self.module.num_classes:
+            check_classes(labels.tolist(), self.class_names)
         if n is not None and len(labels) != n:
             raise UserError(f"give one label per image: {n} images but {len(labels)} labels.")
         return labels

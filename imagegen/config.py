@@ -6,6 +6,8 @@ and `--help` prints every option with its sentence. Ranges (positive sizes, lr >
 checked by `check_*` before anything heavy starts. These dataclasses are the one source of defaults: the
 YAML files in conf/ hold only the config groups, presets and what needs an interpolation.
 """
+import math
+import numbers
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
@@ -347,18 +349,45 @@ def check_train(cfg, memory_bytes=None):
     check_model(cfg["model"], memory_bytes)
 
 
+def check_sampling(**values):
+    """The numbers of a sampling request, checked alike for imagegen-sample (check_sample) and the Python
+    API: counts (n, num_images, nrow, batch_size, ...) whole numbers > 0, temperature a finite number > 0,
+    guidance a finite number >= 0 (None: the model's default); one sentence naming the value and the fix."""
+    for key, value in values.items():
+        if key == "guidance":
+            if value is not None and not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
+                raise UserError(f"guidance must be a finite number >= 0, got {value}; pass guidance=G with G >= 0 "
+                                f"(1: the plain conditional distribution).")
+        elif key == "temperature":
+            if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
+                raise UserError(f"temperature must be a finite number > 0, got {value}; pass temperature=T with "
+                                f"T > 0 (1 samples the model's distribution).")
+        elif not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0):
+            raise UserError(f"{key} must be a positive number, got {value}; pass {key}=N with N a whole number > 0.")
+
+
+def check_classes(labels, class_names, key="labels"):
+    """Each of labels (class numbers) names a class of the model, or is -1 (no label); else one sentence
+    naming the bad one and the classes there are."""
+    bad = [v for v in labels if not -1 <= v < len(class_names)]
+    if bad:
+        named = [f"{i}: {n}" for i, n in enumerate(class_names) if n != str(i)]
+        names = f" ({', '.join(named[:10])}{', ...' if len(named) > 10 else ''})" if named else ""
+        raise UserError(f"{key} holds {bad[0]}, which is not a class of this model; use class numbers "
+                        f"0..{len(class_names) - 1}{names}.")
+
+
 def check_sample(cfg):
     if cfg["mode"] not in ("grid", "complete"):
         raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
-    positive(cfg, ("num_images", "num_originals", "completions", "nrow", "scale", "batch_size", "temperature"), "")
+    check_sampling(**{k: cfg[k] for k in ("num_images", "num_originals", "completions", "nrow", "scale",
+                                          "batch_size", "temperature", "guidance")})
     labels = cfg.get("labels", "auto")
     if not (labels in ("auto", "none", None) or (isinstance(labels, list) and labels
                                                    and all(isinstance(v, int) for v in labels))):
         raise UserError(f"labels must be auto, none or a list of class numbers such as labels=[0,1,2], got {labels!r}.")
     if cfg.get("label") is not None and isinstance(labels, list):
         raise UserError("give label=N (one class for the whole grid) or labels=[...] (a row per class), not both.")
-    if cfg.get("guidance") is not None and cfg["guidance"] < 0:
-        raise UserError(f"guidance must be >= 0 (1: the plain conditional distribution), got {cfg['guidance']}.")
 
 
 def check_eval(cfg):

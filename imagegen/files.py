@@ -13,6 +13,7 @@ the RuntimeError of torch's zip writer (a full disk seen from torch.save) alike.
   write_image(path, image, what)       image: a PIL image, written as PNG
   write_folder(out, files, what, overwrite)   a folder of files, built beside `out` and swapped in
   write_error(path, e, kept, what)     the UserError for a failed write (also for folders: export)
+  check_target(path, what)             a folder standing at path, or a file above it, refused up front
   TMP_GLOB                             the temporary files' pattern; a run dir's dead ones are removed
 """
 import hashlib
@@ -82,14 +83,26 @@ def fsync_folder(folder):
         os.close(fd)
 
 
-def write_with(path, writer, what="file", fix=FIX):
+def check_target(path, what="file", example="name"):
+    """UserError when no file can be written at `path`, whatever the disk: a folder stands there, or a
+    folder above it is a file (example: a file name to suggest inside such a folder)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise UserError(f"{path} is a folder, and the {what} is a file; give a file name instead, e.g. "
+                        f"{path / example} (nothing was written).")
+    above = next((p for p in path.parents if os.path.lexists(p)), None)
+    if above is not None and not above.is_dir():
+        raise UserError(f"{path} cannot be written: {above} is a file, not a folder; choose a path under a folder, "
+                        f"or move {above} away (nothing was written).")
+
+
+def write_with(path, writer, what="file", fix=FIX, example="name"):
     """Write `path` atomically with writer(f) (f a binary file object); see the module docstring."""
     path = Path(path)
+    check_target(path, what, example)
     tmp = tmp_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir() and not path.is_symlink():
-            raise IsADirectoryError(21, "a folder of that name stands there")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         with os.fdopen(fd, "wb") as f:
             writer(f)
@@ -115,7 +128,7 @@ def write_bytes(path, data, what="file", fix=FIX):
 
 def write_image(path, image, what="image", fix=FIX):
     """Write a PIL image as PNG to `path` atomically (never a 0-byte PNG after a full disk)."""
-    return write_with(path, lambda f: image.save(f, format="PNG"), what, fix)
+    return write_with(path, lambda f: image.save(f, format="PNG"), what, fix, example="image.png")
 
 
 MANIFEST = ".imagegen-files.json"     # in a folder written by write_folder: {"files": {name: sha256}}

@@ -61,13 +61,28 @@ def output_bytes(info, images, tiles, nrow, scale, prefix=0, pad=2):
     return 2 * images * D + images * prefix + laid_out + canvas * (2 + scale * scale)
 
 
-def check_request_fits(cfg, info, key="num_images"):
+def check_images_fit(info, images, asked):
+    """UserError, before the first batch, when `images` sampled images (with their prefixes: twice D bytes
+    each) would take more than 80% of the free CPU memory; asked: the request in words ("n=1,000,000")."""
+    need, free = 2 * images * info.length, 0.8 * available_bytes(torch.device("cpu"))
+    if need > free:
+        raise UserError(f"{asked} would need about {need / 2**30:.1f} GiB for {images:,} images, more than the "
+                        f"{free / 2**30:.1f} GiB of free memory; ask for fewer (at most about "
+                        f"{int(images * free / need):,} fit).")
+
+
+def check_request_fits(cfg, info, key="num_images", label_rows=0):
     """UserError, before the first batch, when the outputs of an imagegen-sample request (cfg: its
-    config) would take more than 80% of the free CPU memory; it names the largest request that fits."""
+    config) would take more than 80% of the free CPU memory; it names the largest request that fits.
+    label_rows: in grid mode, the classes that each get a row of nrow images (labels=auto or a list),
+    which are then drawn instead of num_images."""
     if cfg["mode"] == "complete":
         images, k = cfg["num_originals"] * cfg["completions"], cfg["completions"]
         tiles, nrow, prefix = cfg["num_originals"] * (k + 2), k + 2, info.length // 2
         asked = f"num_originals={cfg['num_originals']} x completions={k} = {images:,} completions"
+    elif label_rows:
+        images = tiles = label_rows * cfg["nrow"]
+        nrow, prefix, asked = cfg["nrow"], 0, f"nrow={cfg['nrow']:,} images for each of {label_rows} label rows"
     else:
         images = tiles = cfg["num_images"]
         nrow, prefix, asked = cfg["nrow"], 0, f"{key}={images:,} images"
@@ -79,6 +94,8 @@ def check_request_fits(cfg, info, key="num_images"):
     if cfg["mode"] == "complete":
         hint = (f"at most about {fits:,} completions fit, e.g. num_originals={max(1, fits // k):,} with "
                 f"completions={k}" if fits >= k else f"at most about {fits:,} completions fit")
+    elif label_rows:
+        hint = f"at most about nrow={max(1, fits // label_rows):,} fits at scale={cfg['scale']}"
     else:
         hint = f"at most about {fits:,} fit at scale={cfg['scale']}"
     raise UserError(f"{asked} would need about {need / 2**30:.1f} GiB for the images and the grid, more than the "

@@ -1,5 +1,6 @@
 """imagegen-export: a linear-attention checkpoint as a static web page that samples it as an RNN
 in JavaScript (Hydra app; see conf/export.yaml; the site's files: imagegen/web/site.py)."""
+from ..config import check_sampling
 from ..data.sets import load_from_config
 from ..errors import UserError
 from ..store import checkpoint, shipped
@@ -26,8 +27,7 @@ def export(cfg):
     model = checkpoint.model_from_checkpoint(ck, path)
     guidance = cfg.get("guidance")
     guidance = float(ck.get("record", {}).get("guidance", 1.0) if guidance is None else guidance)
-    if guidance < 0:
-        raise UserError(f"guidance must be >= 0 (got {guidance}); 1 samples the plain conditional distribution.")
+    check_sampling(guidance=guidance)
     page_config(model, ck["config"]["data"])          # refuse what the page cannot run before reading data
     examples = test_images(ck, cfg["examples"], cfg.get("data"))
     return write_site(model, ck["config"]["data"], cfg["out"], examples, guidance, cfg.get("overwrite", False))

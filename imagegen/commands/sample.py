@@ -6,9 +6,9 @@ import torch
 
 from ..store import checkpoint, shipped
 from .cli import hydra_entry
-from ..config import check_sample
+from ..config import check_classes, check_sample
 from ..data.sets import dataset_info, load_from_config
-from ..files import write_image
+from ..files import check_target, write_image
 from ..memory import check_request_fits
 from ..ops.kernel import prebuilt_only
 from ..precision import dtype_name, model_dims, precision_reason, resolve_precision, slow_bf16_note
@@ -16,15 +16,33 @@ from ..sampling.decode import completion_rows, generate, grid, resolve_sampler, 
 from ..sampling.threads import choose_threads
 
 
+def label_rows(cfg, num_classes):
+    """The classes that each get a grid row of nrow images (labels=auto on a class-conditional model:
+    every class; labels=[...]: those), or None when the grid draws num_images."""
+    if not num_classes or cfg["label"] is not None or cfg["labels"] in ("none", None):
+        return None
+    return list(range(num_classes)) if cfg["labels"] == "auto" else cfg["labels"]
+
+
 def grid_labels(cfg, model):
     """(labels (n,) or None, n) of a grid: label=N fills it with one class; a list of labels (or
     auto, on a class-conditional model: every class) gives each its row of nrow images."""
-    if not model.num_classes or cfg["labels"] in ("none", None) and cfg["label"] is None:
-        return None, cfg["num_images"]
-    if cfg["label"] is not None:
+    rows = label_rows(cfg, model.num_classes)
+    if rows is not None:
+        return torch.tensor(rows).repeat_interleave(cfg["nrow"]), len(rows) * cfg["nrow"]
+    if model.num_classes and cfg["label"] is not None:
         return torch.tensor([cfg["label"]]), cfg["num_images"]
-    rows = list(range(model.num_classes)) if cfg["labels"] == "auto" else cfg["labels"]
-    return torch.tensor(rows).repeat_interleave(cfg["nrow"]), len(rows) * cfg["nrow"]
+    return None, cfg["num_images"]
+
+
+def check_labels_given(cfg, num_classes, class_names):
+    """label= and labels=[...] name classes of the model (checked right after the checkpoint is read)."""
+    if not num_classes:
+        return
+    if cfg["label"] is not None:
+        check_classes([cfg["label"]], class_names, "label")
+    if isinstance(cfg["labels"], list):
+        check_classes(cfg["labels"], class_names)
 
 
 def default_out(path, mode):
@@ -37,10 +55,18 @@ def run_sample(cfg, device):
     check_sample(cfg)
     prebuilt_only()                          # never wait for the C++ kernel's first compile here
     path = shipped.resolve(cfg["checkpoint"])
+    out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
+    check_target(out, "sample grid", f"{cfg['mode']}.png")
     ck = checkpoint.load(path)
-    model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     info = dataset_info(ck["config"]["data"])
-    check_request_fits(cfg, info)
+    num_classes = ck["config"]["model"]["num_classes"]
+    check_labels_given(cfg, num_classes, info.class_names)
+    rows = label_rows(cfg, num_classes) if cfg["mode"] == "grid" else None
+    check_request_fits(cfg, info, label_rows=len(rows or []))
+    if rows is not None and cfg["labels"] == "auto":
+        print(f"labels=auto: a row of nrow={cfg['nrow']} images for each of the {len(rows)} classes "
+              f"({len(rows) * cfg['nrow']} in all, not num_images); for num_images images pass label=N or labels=none.")
+    model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
     measured = dict(dims=model_dims(model), batch=cfg["batch_size"])       # what precision=auto times
@@ -53,7 +79,6 @@ def run_sample(cfg, device):
     def pick_threads(n):                     # threads=0: measured at the batch the loop will run
         if device.type == "cpu" and not cfg.get("threads") and sampler == "step":
             print(choose_threads(model, min(cfg["batch_size"], n), dtype)[1])
-    out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":

@@ -24,6 +24,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .cuda_graph_step import make_step
+from ..config import check_sampling
 from ..errors import UserError
 from ..model.heads import sample as draw
 from ..memory import check_batch_fits
@@ -115,10 +116,8 @@ def fill_recompute(model, x, start, temperature, generator, on_step=None, dtype=
     return x
 
 
-def check_labels(model, labels, n, guidance):
+def check_labels(model, labels, n):
     """labels as (n,) long (None stays None) for a model that takes them; one sentence otherwise."""
-    if guidance < 0:
-        raise UserError(f"guidance must be >= 0 (got {guidance}); 1 samples the plain conditional distribution.")
     if labels is None:
         return None
     if not model.num_classes:
@@ -140,6 +139,7 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
     dtype: None (the parameters'), float32 or bfloat16: the matrix products' (see the module docstring).
     uniforms (n, D) in [0, 1), if given, replace the seeded draws (step sampler only): image i
     at position t takes uniforms[i, t], which lets another implementation reproduce the bytes."""
+    check_sampling(batch_size=batch_size, temperature=temperature, guidance=guidance)
     model.eval()
     sampler = resolve_sampler(model, sampler)
     device = next(model.parameters()).device
@@ -147,7 +147,7 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
     start = 0 if prefix is None else prefix.shape[1]
     if prefix is not None and (prefix.shape[0] != n or start > D):
         raise UserError(f"prefix of shape {tuple(prefix.shape)} does not fit {n} images of {D} sub-pixels.")
-    labels = check_labels(model, labels, n, guidance)
+    labels = check_labels(model, labels, n)
     if labels is not None:
         labels = labels.to(device)
     check_batch_fits(model, min(batch_size, n) * (2 if guided(model, labels, guidance) else 1), sampler, device)

@@ -6,6 +6,7 @@ Everything read from a file is checked before use: required keys and types, a mo
 that fits the schema, floating-point finite weights; each failure is one sentence.
 """
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -45,9 +46,11 @@ def load(path, hint="checkpoint=PATH"):
     if path.suffix == ".safetensors":
         return check(shipped.read(path), path)
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():      # torch's note on a pickle protocol other than its own
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, foreign objects: all unreadable to us
-        reason = checks.load_reason(e)
+        reason = checks.load_reason(e) if checks.torch_saved(path) else "it is another kind of file, or damaged"
         raise UserError(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason}); "
                         f"use another checkpoint, e.g. best.pt or last.pt from the run folder.") from None
     return check(ck, path)
@@ -122,11 +125,9 @@ def model_from_checkpoint(ck, path="checkpoint"):
     weights (train.ema) when the checkpoint holds one, else the trained weights."""
     cfg = ck["config"]
     model = build_model(cfg["model"], dataset_info(cfg["data"]))
-    try:
-        model.load_state_dict(ck.get("ema", ck["model"]))
-    except RuntimeError as e:
-        first = str(e).splitlines()[0]
-        raise damaged(path, f"its weights do not fit the architecture in its own config ({first})") from None
+    weights = ck.get("ema", ck["model"])
+    checks.check_weights_fit(weights, model, path)       # names the parameter and both shapes
+    model.load_state_dict(weights)
     return model
 
 

@@ -4,6 +4,7 @@ use another checkpoint ...":
 
   check_path(path, hint)             a folder or a missing file, named as such (a folder's .pt files listed)
   check_format(ck, path, current)    a newer or older format tag named as such
+  torch_saved(path)                  whether the file starts as torch.save's files do
   load_reason(e)                     why torch.load refused a file, in whole words
   check_buildable(cfg, weights, path)  before allocating: attention options, the layer count against
                                      the weights, the size against free memory
@@ -58,6 +59,15 @@ def check_format(ck, path, current):
         raise UserError(f"{path} was written by an older imagegen (format {tag}; this version reads {current}), "
                         f"whose checkpoints this version no longer reads; train again, or read it with the "
                         f"imagegen version that wrote it.")
+
+
+def torch_saved(path):
+    """Whether the file starts as torch.save writes: a zip archive, or a protocol 2 pickle (older torch)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4).startswith((b"PK\x03\x04", b"\x80\x02"))
+    except OSError:                         # unreadable: torch.load's own reason says why
+        return True
 
 
 def load_reason(e):

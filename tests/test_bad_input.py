@@ -1,0 +1,178 @@
+"""Bad input to sampling, through the Python API and imagegen-sample: each refused with one sentence
+naming the problem and the fix, before any work (issue 33, "sharp edges")."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import imagegen
+from commands import call, one_line_error
+from fixtures import one_sentence
+from imagegen.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def model():
+    return imagegen.load("mnist-linear")
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    (dict(guidance=math.nan), "guidance must be a finite number >= 0, got nan"),
+    (dict(guidance=math.inf), "guidance must be a finite number >= 0, got inf"),
+    (dict(temperature=math.nan), "temperature must be a finite number > 0, got nan"),
+    (dict(temperature=math.inf), "temperature must be a finite number > 0, got inf"),
+    (dict(n=-1), "n must be a positive number, got -1"),
+    (dict(n=1, batch_size=0), "batch_size must be a positive number, got 0"),
+    (dict(n=10 ** 9), "n=1,000,000,000 would need about"),
+])
+def test_generate_refuses_bad_numbers(model, kwargs, pattern):
+    with pytest.raises(UserError) as e:
+        model.generate(labels=[1], **kwargs)
+    assert pattern in one_sentence(e)
+
+
+def test_complete_and_grid_refuse_bad_numbers(model):
+    images = np.zeros((1, 28, 28, 1), np.uint8)
+    with pytest.raises(UserError) as e:
+        model.complete(images, n=-1)
+    assert "n must be a positive number, got -1" in one_sentence(e)
+    with pytest.raises(UserError) as e:
+        model.complete(images, n=10 ** 9)
+    assert "would need about" in one_sentence(e)
+    with pytest.raises(UserError) as e:
+        model.grid(images, nrow=0)
+    assert "nrow must be a positive number, got 0" in one_sentence(e)
+
+
+@pytest.mark.parametrize("value", [0.5, -1.0, 256.0, math.nan])
+def test_complete_refuses_float_images_that_are_not_bytes(model, value):
+    images = np.zeros((1, 28, 28, 1), np.float32)
+    images[0, 3, 4] = value
+    with pytest.raises(UserError) as e:
+        model.complete(images, n=1)
+    assert f"images must hold whole numbers in 0..255 (uint8 pixels), got float32 values such as {value}" \
+        in one_sentence(e)
+
+
+def test_complete_takes_float_images_of_whole_bytes(model):
+    images = np.full((1, 28, 28, 1), 255.0)
+    out = model.complete(images, rows=27, n=1)
+    assert out.shape == (1, 1, 28, 28, 1) and (out[0, 0, :27] == 255).all()
+
+
+@pytest.mark.parametrize("arg,pattern", [
+    ("guidance=nan", "guidance must be a finite number >= 0, got nan"),
+    ("guidance=inf", "guidance must be a finite number >= 0, got inf"),
+    ("temperature=nan", "temperature must be a finite number > 0, got nan"),
+])
+def test_sample_refuses_nan_and_inf(tmp_path, arg, pattern):
+    proc = call("imagegen-sample", arg, f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, pattern)
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_sample_size_check_counts_a_row_per_class(tmp_path):
+    """labels=auto on the class-conditional shipped model draws nrow x 10 images: the check counts
+    those (it counted num_images, and the command then tried to allocate 784 GB)."""
+    proc = call("imagegen-sample", "nrow=100000000", f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, "nrow=100,000,000 images for each of 10 label rows would need about")
+    assert "at most about nrow=" in proc.stderr
+
+
+def test_sample_says_labels_auto_draws_a_row_per_class(tmp_path, monkeypatch):
+    from imagegen.commands import sample
+    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: torch.zeros(n, 784, dtype=torch.uint8))
+    proc = call("imagegen-sample", "num_images=2", "threads=1", "scale=1", f"out={tmp_path / 'x.png'}")
+    assert proc.returncode == 0, proc.stderr
+    line = ("labels=auto: a row of nrow=8 images for each of the 10 classes (80 in all, not num_images); for "
+            "num_images images pass label=N or labels=none.")
+    assert line in proc.stdout.splitlines(), proc.stdout
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["labels=[99]", "num_images=2"], "labels holds 99, which is not a class of this model; use class numbers 0..9."),
+    (["labels=[3,-2]"], "labels holds -2, which is not a class of this model; use class numbers 0..9"),
+    (["label=12"], "label holds 12, which is not a class of this model; use class numbers 0..9"),
+])
+def test_sample_names_the_bad_class_before_any_work(tmp_path, monkeypatch, args, pattern):
+    """Refused right after the checkpoint is read: no model built, nothing printed before (the thread
+    probe's line was)."""
+    from imagegen.store import checkpoint
+
+    def no_model(*a, **kw):
+        raise AssertionError("the model was built before the labels were checked")
+    monkeypatch.setattr(checkpoint, "model_from_checkpoint", no_model)
+    proc = call("imagegen-sample", *args, f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, pattern)
+    assert proc.stdout == ""
+
+
+def test_api_names_the_bad_class(model):
+    with pytest.raises(UserError) as e:
+        model.generate(n=2, labels=[99])
+    assert "labels holds 99, which is not a class of this model; use class numbers 0..9" in one_sentence(e)
+
+
+def test_bad_class_sentence_names_the_classes():
+    from imagegen.config import check_classes
+    from imagegen.data.sets import dataset_info
+    with pytest.raises(UserError) as e:
+        check_classes([3, 10], dataset_info({"name": "fashion_mnist"}).class_names)
+    assert "labels holds 10, which is not a class of this model; use class numbers 0..9 (0: T-shirt/top, 1: " \
+        "Trouser," in one_sentence(e)
+
+
+# ---------------------------------------------------------------- checkpoints and out= that mislead
+def shipped_with(path, **weights):
+    """The shipped model saved as a .pt checkpoint at path, with some weights replaced."""
+    from imagegen.store import checkpoint
+    ck = checkpoint.load("mnist-linear")
+    checkpoint.save(path, {"config": ck["config"], "model": {**ck["model"], **weights}})
+    return path
+
+
+@pytest.mark.parametrize("cmd,extra", [("imagegen-sample", ["num_images=1", "out=x.png"]), ("imagegen-eval", []),
+                                       ("imagegen-export", ["out=site"])])
+def test_weight_of_the_wrong_shape_is_named_with_both_shapes(tmp_path, monkeypatch, cmd, extra):
+    """Every command that builds the model names the parameter and both shapes (eval, sample and export
+    said "(Error(s) in loading state_dict for PixelTransformer:)", the detail cut)."""
+    monkeypatch.chdir(tmp_path)
+    bad = shipped_with(tmp_path / "bad.pt", **{"proj.bias": torch.zeros(7, 5)})
+    one_line_error(call(cmd, f"checkpoint={bad}", *extra), "proj.bias is (7, 5) where the model needs (256)")
+
+
+def test_plain_pickle_and_random_bytes_are_not_checkpoints(tmp_path):
+    import pickle
+    import warnings
+    (tmp_path / "pickle.pt").write_bytes(pickle.dumps({"a": 1}, protocol=4))
+    for seed in range(3):
+        (tmp_path / f"random{seed}.pt").write_bytes(np.random.default_rng(seed).bytes(4096))
+    for name in ("pickle.pt", "random0.pt", "random1.pt", "random2.pt"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            proc = call("imagegen-sample", f"checkpoint={tmp_path / name}", f"out={tmp_path / 'x.png'}")
+        assert not [w for w in caught if "pickle protocol" in str(w.message)]
+        assert "pickle protocol" not in proc.stderr
+        one_line_error(proc, f"{tmp_path / name} is not a readable checkpoint (truncated or not written by imagegen: "
+                             f"it is another kind of file, or damaged)")
+
+
+def test_out_naming_a_folder_or_under_a_file(tmp_path):
+    (tmp_path / "folder").mkdir()
+    proc = call("imagegen-sample", f"out={tmp_path / 'folder'}")
+    one_line_error(proc, f"{tmp_path / 'folder'} is a folder, and the sample grid is a file; give a file name "
+                         f"instead, e.g. {tmp_path / 'folder' / 'grid.png'}")
+    (tmp_path / "file").write_text("x")
+    proc = call("imagegen-sample", f"out={tmp_path / 'file' / 'sub' / 'x.png'}")
+    one_line_error(proc, f"{tmp_path / 'file' / 'sub' / 'x.png'} cannot be written: {tmp_path / 'file'} is a file, "
+                         f"not a folder")
+    assert proc.stdout == ""                   # refused before any work
+
+
+def test_writes_refuse_a_folder_where_the_file_goes(tmp_path):
+    from imagegen.files import write_bytes
+    (tmp_path / "x.json").mkdir()
+    with pytest.raises(UserError) as e:
+        write_bytes(tmp_path / "x.json", b"{}", "result")
+    assert f"{tmp_path / 'x.json'} is a folder, and the result is a file" in one_sentence(e)

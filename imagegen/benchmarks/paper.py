@@ -178,7 +178,7 @@ def sweep(jobs, n_slots):
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while pending or running:
+        while running or (pending and not stop):
             while pending and len(running) < n_slots and not stop:
                 name, argv, log_path = pending.pop(0)
                 log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,10 +13,10 @@ QUICK = {
     "sampling": {"methods": ["linear-recurrent", "softmax-kv-cache"], "step_batches": [1, 16], "n_positions": 3,
                  "reps": 2, "probe_positions": [], "sampling_precisions": ["float32"]},
     # a tiny model, a few steps each, a small test subset: the whole pipeline in about two minutes
-    "paper": {"budget": "steps", "steps": 16, "max_images": 32, "step_batches": [1, 8], "recompute_batches": [1],
+    "paper": {"budget": "steps", "steps": 32, "max_images": 32, "step_batches": [1, 8], "recompute_batches": [1],
               "n_positions": 3, "reps": 1,
               "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 2},
-              "train": {"batch_size": 4, "lr": 2.0e-3, "warmup_steps": 2, "val_every": 4, "val_images": 16,
+              "train": {"batch_size": 4, "lr": 2.0e-3, "warmup_steps": 2, "val_every": 8, "val_images": 16,
                         "save_every": 4, "log_every": 2, "sample_every": 0, "sample_minutes": 0.0,
                         "tensorboard": False}},
 }

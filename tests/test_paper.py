@@ -179,3 +179,12 @@ def test_stopped_halfway_and_run_again_gives_the_same_rows(finished, mnist_root,
     assert "resuming: softmax" in proc.stdout
     key = [(r["attention"], r["steps"], r["test_bits_per_dim"]) for r in rows_of(out)]
     assert key == [(r["attention"], r["steps"], r["test_bits_per_dim"]) for r in rows_of(finished[0])]
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_is_named_with_its_log(tmp_path):
+    proc = run("imagegen-bench", *bench_args(tmp_path / "out", tmp_path / "no-data"), "attentions=[linear]",
+               check=False)
+    assert proc.returncode != 0 and "MNIST not found" in proc.stdout, proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: training failed for mnist-linear")
+    assert "1 at a time" in proc.stdout and not (tmp_path / "out" / "paper-mnist.json").exists()

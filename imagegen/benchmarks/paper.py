@@ -155,10 +155,13 @@ def status(c, attention, run_dir):
 
 
 def tail(path, n=15):
+    """The last n lines a log's latest process wrote (after its "$ command" line)."""
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+        lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return ""
+    starts = [i for i, line in enumerate(lines) if line.startswith("$ ")]
+    return "\n".join(lines[starts[-1] + 1 if starts else 0:][-n:])
 
 
 def sweep(jobs, n_slots):
@@ -361,14 +364,15 @@ def run(c, evaluate):
     runs = {a: out / "runs" / run_name(c, a) for a in c["attentions"]}
     states = {a: status(c, a, d) for a, d in runs.items()}         # a foreign run stops us before any training
     todo = [a for a in c["attentions"] if states[a][0] != "finished"]
-    n_slots = slots(c)
+    n_slots = min(slots(c), max(1, len(todo)))
     done = [a for a in c["attentions"] if a not in todo]
     what = f"{c['minutes']:g} minutes" if c["budget"] == "minutes" else f"{c['steps']:,} steps"
-    print(f"plan ({'quick' if c.get('quick') else 'full; quick=true for a ~2-minute run'}): {len(c['attentions'])} "
-          f"attentions ({', '.join(c['attentions'])}), {what} each, {n_slots} at a time, in {out / 'runs'}"
-          + (f"; finished already: {', '.join(done)}" if done else "")
-          + (f"; resuming: {', '.join(a for a in todo if states[a][0] == 'unfinished')}"
-             if any(states[a][0] == "unfinished" for a in todo) else ""), flush=True)
+    resuming = [a for a in todo if states[a][0] == "unfinished"]
+    n = len(c["attentions"])
+    print(f"plan ({'quick' if c.get('quick') else 'full; quick=true for a ~2-minute run'}): {n} "
+          f"attention{'s' if n > 1 else ''} ({', '.join(c['attentions'])}), {what} each, {n_slots} at a time, in "
+          f"{out / 'runs'}" + (f"; finished already: {', '.join(done)}" if done else "")
+          + (f"; resuming: {', '.join(resuming)}" if resuming else ""), flush=True)
     if todo:
         jobs = [(run_name(c, a), [sys.executable, "-c", CHILD, *train_args(c, a, runs[a])],
                  out / "runs" / f"{run_name(c, a)}.log") for a in todo]

@@ -199,13 +199,15 @@ class ConvertConfig:
 
 @dataclass
 class BenchConfig:
-    mode: str = opt("sampling", "attention, train_step, sampling, compare or browser")
+    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser or paper")
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
     arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")
     threads: int = opt(0, "CPU threads for torch (0: torch's default)")
     seed: int = opt(0, "seed of the random weights and inputs")
-    quick: bool = opt(False, "attention, train_step, sampling: a run of about a minute on 2 cores (fewer cases)")
+    quick: bool = opt(False, "attention, train_step, sampling: a run of about a minute on 2 cores (fewer cases); "
+                             "paper: the whole pipeline in about two minutes (a tiny model, a few steps each, "
+                             "a small test subset)")
     methods: List[str] = opt(["linear-recurrent", "softmax-kv-cache", "softmax-recompute", "lsh-recompute"],
                              "sampling: samplers to time")
     step_batches: List[int] = opt([1, 16, 64, 256], "sampling: batch sizes of the step samplers")
@@ -221,8 +223,16 @@ class BenchConfig:
     lsh_options: Dict[str, Any] = opt({"n_hashes": 1, "n_buckets": 64, "chunk_size": 32}, "sampling: LSH options")
     checkpoints: List[str] = opt([], "compare: checkpoints to put in the table")
     split: str = opt("test", "compare: split to evaluate")
-    max_images: Optional[int] = opt(None, "compare: bits/dim over the first N images of the split (null: all)")
+    max_images: Optional[int] = opt(None, "compare and paper: bits/dim over the first N images of the split "
+                                          "(null: all)")
     eval_data: DataOverride = field(default_factory=DataOverride)
+    attentions: List[str] = opt(["softmax", "linear", "lsh", "lsh4"], "paper: the attentions to train and compare, "
+                                                                        "named as model= names them (conf/model/)")
+    budget: str = opt("minutes", "paper: each attention's training budget: minutes (equal minutes each) or steps")
+    minutes: float = opt(30.0, "paper, budget=minutes: minutes of training per attention")
+    steps: int = opt(2000, "paper, budget=steps: optimizer steps per attention")
+    jobs: int = opt(0, "paper: training processes at once (0: one per CPU core this process may use; never more "
+                       "than those cores)")
     lengths: List[int] = opt([784, 3072, 8192, 16384], "attention: sequence lengths")
     batch: int = opt(4, "attention: batch size")
     heads: int = opt(8, "attention: heads")
@@ -243,7 +253,8 @@ class BenchConfig:
                                                            "(bfloat16 where fast)")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    # the presets set train.* too; the benchmarks do not read it, so --help does not list it
+    # the presets set train.* too; only mode=paper reads it, passing it on to imagegen-train (whose --help
+    # lists it), so --help does not list it here
     train: TrainOptions = field(default_factory=TrainOptions, metadata={"hidden": True})
 
 

@@ -6,18 +6,21 @@ from pathlib import Path
 import torch
 
 
-def machine():
-    """A one-line description of where a benchmark ran."""
-    cpu = platform.processor() or platform.machine()
+def cpu_name():
+    """The CPU's model name (/proc/cpuinfo), else what platform says."""
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine()
+
+
+def machine():
+    """A one-line description of where a benchmark ran."""
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {torch.get_num_threads()} torch threads, {gpu}, torch {torch.__version__}"
+    return f"{cpu_name()}, {torch.get_num_threads()} torch threads, {gpu}, torch {torch.__version__}"
 
 
 def markdown_table(rows, columns):

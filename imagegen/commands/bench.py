@@ -5,6 +5,7 @@ mode=train_step  whole-model training step, softmax vs linear
 mode=sampling    images/sec of linear-recurrent, softmax-KV-cache, softmax- and LSH-recompute
 mode=compare     the paper's table for trained checkpoints
 mode=browser     the exported page's JavaScript step in headless Chromium beside Python's step
+mode=paper       the paper's comparison: train every attention alike, then bits/dim and speed (docs/paper.md)
 """
 from pathlib import Path
 
@@ -12,7 +13,19 @@ from .cli import hydra_entry
 from ..data.sets import dataset_info
 from ..errors import UserError
 
-MODES = ("attention", "train_step", "sampling", "compare", "browser")
+MODES = ("attention", "train_step", "sampling", "compare", "browser", "paper")
+
+
+def evaluator(c, device):
+    """evaluate(path): imagegen-eval's result for a checkpoint on c's split (the paper: test) and max_images."""
+    from .evaluate import evaluate
+
+    def evaluated(path):
+        eval_cfg = {"checkpoint": str(path), "split": c["split"] if c["mode"] == "compare" else "test",
+                    "batch_size": 32, "max_images": c["max_images"], "lsh_draws": 1, "lsh_seed": 0, "progress": True,
+                    "data": c["eval_data"]}
+        return evaluate(eval_cfg, device)
+    return evaluated
 
 
 def task(c, device):
@@ -39,14 +52,11 @@ def task(c, device):
                              {"config": c, "machine": report.machine(), **result}, md)
     elif c["mode"] == "compare":
         from ..benchmarks import compare
-        from .evaluate import evaluate
-
-        def evaluated(path):
-            eval_cfg = {"checkpoint": str(path), "split": c["split"], "batch_size": 32, "max_images": c["max_images"],
-                        "lsh_draws": 1, "lsh_seed": 0, "progress": True, "data": c["eval_data"]}
-            return evaluate(eval_cfg, device)
-        result, md = compare.run(c, evaluated)
+        result, md = compare.run(c, evaluator(c, device))
         report.write_outputs(out, "compare", {"machine": report.machine(), **result}, md)
+    elif c["mode"] == "paper":
+        from ..benchmarks import paper
+        paper.run(c, evaluator(c, device))             # writes paper-<data>.json, .md and .png in out_dir
     elif c["mode"] in ("attention", "train_step"):
         from ..benchmarks import attention
         run = attention.run_attention if c["mode"] == "attention" else attention.run_train_step

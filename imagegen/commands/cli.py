@@ -49,7 +49,9 @@ COMMAND_TABLE = {
         ("imagegen-bench mode=sampling preset=paper_mnist data=mnist threads=2",
          "imagegen-bench mode=attention threads=2",
          "imagegen-bench mode=train_step preset=small threads=2",
-         "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000")),
+         "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000",
+         "imagegen-bench mode=paper data.root=../shared/data/mnist minutes=30   # softmax, linear, lsh, lsh4",
+         "imagegen-bench mode=paper quick=true threads=1   # the whole pipeline in about two minutes")),
     "plot": Command(
         "imagegen.commands.plot",
         "training curves (bits/dim against steps and minutes) of one or more runs, from their metrics.jsonl, "

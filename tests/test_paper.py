@@ -1,0 +1,190 @@
+"""imagegen-bench mode=paper: every attention trained alike, one process per core, then a table of
+exact test bits/dim and sampling speed; a rerun of a finished comparison measures and changes nothing,
+and a comparison stopped by SIGTERM halfway ends, once run again, with the rows of an uninterrupted one."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from commands import run
+from omegaconf import OmegaConf
+
+from imagegen import config
+from imagegen.benchmarks import paper
+from imagegen.benchmarks.progress import apply_quick
+from imagegen.commands.cli import compose
+from imagegen.errors import UserError
+
+ATTENTIONS = ["softmax", "linear", "lsh", "lsh4"]
+FILES = ("paper-mnist.json", "paper-mnist.md", "paper-mnist.png")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def bench_args(out, mnist_root):
+    return ["mode=paper", "quick=true", f"data.root={mnist_root}", "data.download=false", "threads=1",
+            f"out_dir={out}"]
+
+
+def rows_of(out):
+    return json.loads((out / "paper-mnist.json").read_text())["rows"]
+
+
+def snapshot(out):
+    """Every file under out (contents and modification times)."""
+    return {p.relative_to(out): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------- the pieces, in this process
+def composed(name, args):
+    config.register()                            # the schemas in Hydra's ConfigStore, as a command does
+    return OmegaConf.to_container(compose(name, args), resolve=True)
+
+
+def bench_cfg(mnist_root, **kw):
+    cfg = composed("bench", ["mode=paper", "quick=true", f"data.root={mnist_root}", "data.download=false",
+                            "arch_name=paper_mnist"])        # what the command resolves from preset=
+    return {**apply_quick(cfg), **kw}
+
+
+def test_each_run_gets_the_same_architecture_seed_and_budget(mnist_root, tmp_path):
+    c = bench_cfg(mnist_root, seed=3, train={**bench_cfg(mnist_root)["train"], "betas": [0.8, 0.9],
+                                            "init": None})
+    runs = {a: composed("train", paper.train_args(c, a, tmp_path / "runs" / f"mnist-{a}")) for a in ATTENTIONS}
+    for attention, t in runs.items():
+        assert {k: t["model"][k] for k in paper.ARCH_KEYS} == {k: c["model"][k] for k in paper.ARCH_KEYS}
+        assert t["seed"] == 3 and t["threads"] == 1 and t["train"]["progress"] is False
+        assert (t["train"]["max_steps"], t["train"]["max_minutes"]) == (32, None)
+        assert t["train"]["betas"] == [0.8, 0.9] and t["train"]["lr"] == c["train"]["lr"]
+        assert t["data"]["root"] == str(mnist_root) and t["run_dir"].endswith(f"runs/mnist-{attention}")
+    assert [runs[a]["model"]["attention"] for a in ATTENTIONS] == ["softmax", "linear", "lsh", "lsh"]
+    assert runs["lsh4"]["model"]["attention_options"]["n_hashes"] == 4
+    minutes = paper.train_args({**c, "budget": "minutes", "minutes": 2.5}, "linear", tmp_path / "r")
+    t = composed("train", minutes)["train"]
+    assert t["max_minutes"] == 2.5 and t["max_steps"] == paper.UNBOUNDED_STEPS
+
+
+def test_never_more_processes_than_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert [paper.slots({"jobs": j}) for j in (0, 1, 2, 8)] == [2, 1, 2, 2]
+
+
+@pytest.mark.parametrize("change, says", [({"attentions": ["linear", "rnn"]}, "unknown attention 'rnn'"),
+                                          ({"attentions": []}, "each attention once"),
+                                          ({"budget": "hours"}, "budget must be minutes or steps"),
+                                          ({"budget": "minutes", "minutes": 0}, "minutes must be > 0")])
+def test_bad_options_are_one_sentence(mnist_root, change, says):
+    with pytest.raises(UserError, match=says):
+        paper.check(bench_cfg(mnist_root, **change))
+
+
+def test_hydra_values_round_trip():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    parser = OverridesParser.create()
+    for value in (None, True, 3, 1e-05, 0.001, "auto", "/a b/it's", [0.9, 0.98], {"n_hashes": 4}):
+        parsed = parser.parse_override(f"x={paper.hydra_value(value)}").value()
+        assert parsed == value, (value, parsed)
+
+
+# ---------------------------------------------------------------- the command, end to end
+@pytest.fixture(scope="module")
+def finished(mnist_root, tmp_path_factory):
+    """A whole quick comparison, uninterrupted: (out_dir, seconds it took)."""
+    out = tmp_path_factory.mktemp("paper")
+    start = time.perf_counter()
+    run("imagegen-bench", *bench_args(out, mnist_root), timeout=600)
+    return out, time.perf_counter() - start
+
+
+@pytest.mark.slow
+def test_paper_writes_one_row_per_attention(finished):
+    out, _ = finished
+    payload = json.loads((out / "paper-mnist.json").read_text())
+    rows = payload["rows"]
+    assert [r["attention"] for r in rows] == ATTENTIONS
+    for r in rows:
+        assert {"data", "attention", "train_minutes", "steps", "test_bits_per_dim", "images_per_sec", "batch",
+                "whole_image_seconds", "cpu"} <= set(r)
+        assert r["data"] == "mnist" and r["steps"] == 32 and r["test_images"] == 16     # the fixture's test split
+        assert 0 < r["test_bits_per_dim"] < 8.5 and math.isfinite(r["test_bits_per_dim"])
+        assert r["images_per_sec"] > 0 and r["whole_image_seconds"] > 0 and 0 < r["train_minutes"] < 5
+        assert r["cpu"]
+    by = {r["attention"]: r for r in rows}
+    assert (by["linear"]["sampler"], by["softmax"]["sampler"], by["lsh"]["sampler"]) == ("recurrent", "kv-cache",
+                                                                                          "recompute")
+    assert by["softmax"]["recompute_images_per_sec"] > 0 and "recompute_images_per_sec" not in by["linear"]
+    assert by["linear"]["batch"] in (1, 8) and by["lsh"]["batch"] == 1
+    # the same architecture and seed for every run, each with its own attention
+    cks = {a: torch.load(out / "runs" / f"mnist-{a}" / "last.pt", weights_only=True) for a in ATTENTIONS}
+    sizes = {a: {k: ck["config"]["model"][k] for k in paper.ARCH_KEYS} for a, ck in cks.items()}
+    assert all(s == sizes["linear"] for s in sizes.values()) and {ck["config"]["seed"] for ck in cks.values()} == {0}
+    assert cks["lsh4"]["config"]["model"]["attention_options"]["n_hashes"] == 4
+    md = (out / "paper-mnist.md").read_text()
+    assert sum(line.startswith(f"| {a} |") for a in ATTENTIONS for line in md.splitlines()) == 4
+    assert (out / "paper-mnist.png").read_bytes().startswith(PNG)
+    curves = payload["curves"]
+    assert all(len(curves[a]["minutes"]) == len(curves[a]["val_bits_per_dim"]) == 4 for a in ATTENTIONS)
+
+
+@pytest.mark.slow
+def test_rerun_of_a_finished_comparison_changes_nothing(finished, mnist_root):
+    out, took = finished
+    before = snapshot(out)
+    start = time.perf_counter()
+    proc = run("imagegen-bench", *bench_args(out, mnist_root))
+    seconds = time.perf_counter() - start
+    assert "finished already: softmax, linear, lsh, lsh4" in proc.stdout and "training " not in proc.stdout
+    after = snapshot(out)
+    assert {p: b for p, (b, _) in after.items()} == {p: b for p, (b, _) in before.items()}
+    # the runs and their kept rows untouched (the table's own files are rewritten with the same bytes)
+    assert {p: m for p, (_, m) in after.items() if p.parts[0] == "runs"} == \
+        {p: m for p, (_, m) in before.items() if p.parts[0] == "runs"}
+    assert seconds < max(30.0, took / 2), (seconds, took)
+
+
+@pytest.mark.slow
+def test_stopped_halfway_and_run_again_gives_the_same_rows(finished, mnist_root, tmp_path):
+    out = tmp_path / "stopped"
+    first = out / "runs" / "mnist-softmax" / "last.pt"
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    exe = os.path.join(os.path.dirname(sys.executable), "imagegen-bench")
+    proc = subprocess.Popen([exe, *bench_args(out, mnist_root)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert first.exists(), proc.communicate(timeout=60)[0]
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:                 # a test that failed leaves no bench behind
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and "interrupted" in output, output
+    assert "SIGTERM: asking" in output and not (out / "paper-mnist.json").exists()
+    steps = {}
+    for a in ATTENTIONS:
+        last = out / "runs" / f"mnist-{a}" / "last.pt"
+        steps[a] = torch.load(last, weights_only=True)["state"]["step"] if last.exists() else None
+    assert steps["softmax"] < 32, steps                      # stopped mid-run, saved
+    assert "stopped by SIGTERM" in (out / "runs" / "mnist-softmax.log").read_text()
+    assert not list(out.glob("runs/*/.*.tmp"))
+
+    proc = run("imagegen-bench", *bench_args(out, mnist_root))
+    assert "resuming: softmax" in proc.stdout
+    key = [(r["attention"], r["steps"], r["test_bits_per_dim"]) for r in rows_of(out)]
+    assert key == [(r["attention"], r["steps"], r["test_bits_per_dim"]) for r in rows_of(finished[0])]
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_is_named_with_its_log(tmp_path):
+    proc = run("imagegen-bench", *bench_args(tmp_path / "out", tmp_path / "no-data"), "attentions=[linear]",
+               check=False)
+    assert proc.returncode != 0 and "MNIST not found" in proc.stdout, proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: training failed for mnist-linear")
+    assert "1 at a time" in proc.stdout and not (tmp_path / "out" / "paper-mnist.json").exists()

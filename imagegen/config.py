@@ -152,6 +152,8 @@ class SampleConfig(CheckpointCommand):
     num_images: int = opt(64, "grid mode: images to sample")
     num_originals: int = opt(8, "complete mode: test images, one row each")
     completions: int = opt(5, "complete mode: samples per test image")
+    originals: str = opt("first", "complete mode: first (the first num_originals test images) or per_class (the "
+                                  "first test image of each class, one row each)")
     out: Optional[str] = opt(None, "PNG to write (null: <checkpoint stem>-<mode>.png beside the checkpoint)")
     nrow: int = opt(8, "grid mode: images per row")
     scale: int = opt(4, "nearest-neighbour upscaling of the PNG")
@@ -391,6 +393,8 @@ def check_classes(labels, class_names, key="labels"):
 def check_sample(cfg):
     if cfg["mode"] not in ("grid", "complete"):
         raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
+    if cfg.get("originals", "first") not in ("first", "per_class"):
+        raise UserError(f"originals must be first or per_class, got {cfg['originals']!r}.")
     check_sampling(**{k: cfg[k] for k in ("num_images", "num_originals", "completions", "nrow", "scale",
                                           "batch_size", "temperature", "guidance")})
     labels = cfg.get("labels", "auto")

@@ -1,4 +1,5 @@
 """End-to-end through the console scripts (subprocesses with Hydra overrides)."""
+import gzip
 import json
 import os
 import subprocess
@@ -81,6 +82,15 @@ def test_sample_grid_and_completion(mnist_root, tmp_path):
     run("imagegen-sample", f"checkpoint={tmp_path / 'last.pt'}", "mode=complete", "num_originals=2", "completions=3",
         f"out={out}", "scale=1", "progress=false")
     assert Image.open(out).size == (5 * 30 + 2, 2 * 30 + 2)
+    run("imagegen-sample", f"checkpoint={tmp_path / 'last.pt'}", "mode=complete", "originals=per_class",
+        "completions=1", f"out={out}", "scale=1", "progress=false")       # a row for each class in the test files
+    classes = len(set(gzip.decompress((mnist_root / "MNIST/raw/t10k-labels-idx1-ubyte.gz").read_bytes())[8:]))
+    assert Image.open(out).size == (3 * 30 + 2, classes * 30 + 2)
+
+
+def test_first_of_each_class():
+    from imagegen.commands.sample import first_of_each_class
+    assert first_of_each_class(torch.tensor([3, 1, 3, 0, 1])).tolist() == [3, 1, 0]
 
 
 @pytest.mark.slow

@@ -45,6 +45,11 @@ def check_labels_given(cfg, num_classes, class_names):
         check_classes(cfg["labels"], class_names)
 
 
+def first_of_each_class(classes):
+    """Indices (C,) of the first image of each class present in classes (N,), in class order."""
+    return torch.stack([(classes == c).nonzero()[0, 0] for c in classes.unique(sorted=True)])
+
+
 def default_out(path, mode):
     """<checkpoint stem>-<mode>.png beside the checkpoint, or in the current folder for a shipped model."""
     name = f"{path.stem}-{mode}.png"
@@ -89,7 +94,8 @@ def run_sample(cfg, device):
         images = to_images(seqs, info)
     else:                                    # mode=complete (check_sample allows no other)
         ((originals, classes),) = load_from_config(ck["config"]["data"], ("test",), cfg["data"], labels=True)
-        originals, classes = originals[: cfg["num_originals"]], classes[: cfg["num_originals"]]
+        chosen = first_of_each_class(classes) if cfg["originals"] == "per_class" else slice(cfg["num_originals"])
+        originals, classes = originals[chosen], classes[chosen]
         k = cfg["completions"]
         keep = info.height // 2
         prefix = originals[:, : keep * info.width * info.channels].repeat_interleave(k, dim=0)

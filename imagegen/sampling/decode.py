@@ -11,7 +11,7 @@ one seed they produce the same images from the same model.
 Class-conditional models take labels (N,), one per image (-1 or None: no label). With
 classifier-free guidance G != 1 each loop runs the conditional and the unconditional branch
 side by side as one batch of 2N (the RNN: two states per image) and draws from
-p_c^G p_u^(1-G) (`model.heads.guided_probs`).
+the bounded guided distribution of `model.heads.guided_probs`.
 `dtype` (precision=bfloat16): the step loop runs the blocks' products in bfloat16 with weights
 converted once into the decoding state (see `PixelTransformer.init_state`); the recompute loop
 runs model.forward under bfloat16 autocast. Distribution parameters and the draw stay float32.

@@ -1,0 +1,63 @@
+"""Issue 33: what a new user hit following the README verbatim (the quick start, the Python snippet,
+imagegen-convert then imagegen-export, --help), each driven as the user drives it."""
+import json
+
+import pytest
+import torch
+
+from commands import call
+from imagegen.data.sets import DATASETS
+from imagegen.model.transformer import build_model
+from imagegen.store import checkpoint
+
+MODEL = {"attention": "linear", "attention_options": {"impl": "chunked"}, "n_layers": 1, "d_model": 16,
+         "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 10, "dropout": 0.0, "num_classes": 10}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_checkpoint(path, data_root):
+    """A best.pt as imagegen-train writes it (data root absolute), of a tiny class-conditional MNIST model."""
+    torch.manual_seed(0)
+    model = build_model(MODEL, DATASETS["mnist"])
+    config = {"model": MODEL, "data": {"name": "mnist", "root": str(data_root), "download": False, "mirror": None,
+                                       "val_fraction": 0.05, "split_seed": 0}, "train": {"lr": 1e-3}}
+    checkpoint.save(path, {"config": config, "model": model.state_dict(),
+                           "state": {"step": 7, "elapsed": 90.0, "epoch": 0, "seen": 0, "best_val": 5.0}})
+    return path
+
+
+# ---------------------------------------------------------------- 1. imagegen-convert, then imagegen-export
+def test_readme_convert_then_export_finds_the_data_away_from_data_mnist(tmp_path, mnist_root, monkeypatch):
+    """The README's convert and export lines in a folder without ./data/mnist: the run's data root is
+    kept (data.root null keeps the checkpoint's), so the check scores and the site has its examples."""
+    ck = run_checkpoint(tmp_path / "run" / "best.pt", mnist_root)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    proc = call("imagegen-convert", f"checkpoint={ck}", "out=my-digits", "check_images=4", "progress=false",
+                "threads=1")
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((work / "my-digits.json").read_text())
+    assert meta["config"]["data"]["root"] == str(mnist_root) and meta["record"]["test_check"]["images"] == 4
+    proc = call("imagegen-export", "checkpoint=my-digits.safetensors", "out=site", "threads=1")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "no test images" not in proc.stdout
+    config = json.loads((work / "site" / "config.json").read_text())
+    assert config["examples"] == 8 and len(config["example_labels"]) == 8
+    assert (work / "site" / "examples.bin").stat().st_size == 8 * 784
+
+
+def test_a_failed_convert_leaves_nothing_behind(tmp_path, mnist_root, monkeypatch):
+    ck = run_checkpoint(tmp_path / "run" / "best.pt", mnist_root)
+    monkeypatch.chdir(tmp_path)
+    proc = call("imagegen-convert", f"checkpoint={ck}", "out=my-digits", "check_images=4", "progress=false",
+                f"data.root={tmp_path / 'nowhere'}", "threads=1")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

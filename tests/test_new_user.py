@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from commands import call
+from commands import call, run
 from imagegen.data.sets import DATASETS
 from imagegen.model.transformer import build_model
 from imagegen.store import checkpoint
@@ -61,3 +61,26 @@ def test_a_failed_convert_leaves_nothing_behind(tmp_path, mnist_root, monkeypatc
                 f"data.root={tmp_path / 'nowhere'}", "threads=1")
     assert proc.returncode == 1 and proc.stderr.startswith("error: "), proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+# ---------------------------------------------------------------- 2. the kernel's fallback notice
+@pytest.mark.slow
+def test_sample_without_a_built_kernel_says_so_in_one_clean_line(tmp_path):
+    """The quick start's first command with no kernel built yet (imagegen-sample never compiles it):
+    the fallback is one line on stderr, not a RuntimeWarning followed by a line of our source."""
+    proc = run("imagegen-sample", "num_images=2", "nrow=2", "label=3", "threads=1", "progress=false",
+               f"out={tmp_path / 'x.png'}", env={"TORCH_EXTENSIONS_DIR": str(tmp_path / "no-build")})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    notice = [ln for ln in lines if "falling back" in ln]
+    assert len(notice) == 1, proc.stderr
+    assert notice[0].startswith("imagegen: causal product kernel unavailable on cpu (not built yet"), notice[0]
+    assert "python -m imagegen.ops.kernel" in notice[0] and notice[0].endswith("chunked PyTorch form.")
+    assert not any("Warning" in ln or "warnings.warn" in ln or "BlockState" in ln or ".py:" in ln for ln in lines), \
+        proc.stderr
+
+
+def test_the_fallback_warning_is_still_a_runtime_warning(monkeypatch):
+    from imagegen.ops import kernel
+    monkeypatch.setattr(kernel, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="no compiler.*chunked"):
+        kernel.warn_fallback("causal product kernel", "cpu", "no compiler\nhere")

@@ -1,11 +1,18 @@
 """Issue 33: what a new user hit following the README verbatim (the quick start, the Python snippet,
 imagegen-convert then imagegen-export, --help), each driven as the user drives it."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+import imagegen
 from commands import call, run
+from fixtures import write_mnist
 from imagegen.data.sets import DATASETS
 from imagegen.model.transformer import build_model
 from imagegen.store import checkpoint
@@ -84,3 +91,54 @@ def test_the_fallback_warning_is_still_a_runtime_warning(monkeypatch):
     monkeypatch.setattr(kernel, "_warned", set())
     with pytest.warns(RuntimeWarning, match="no compiler.*chunked"):
         kernel.warn_fallback("causal product kernel", "cpu", "no compiler\nhere")
+
+
+# ---------------------------------------------------------------- 3. and 4. the README's quick start
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_block(after, language):
+    """The first ```language block of README.md after the line `after`."""
+    text = README.read_text()
+    start = text.index(f"```{language}\n", text.index(after)) + len(language) + 4
+    return text[start:text.index("```", start)]
+
+
+def test_load_split_gives_images_and_labels_as_the_api_takes_them(tmp_path, monkeypatch):
+    out = write_mnist(tmp_path / "mnist")
+    monkeypatch.setenv("IMAGEGEN_DATA", str(tmp_path))              # the shipped model's data root is empty
+    model = imagegen.load("mnist-linear")
+    images, labels = model.load_split("test", n=5)
+    assert images.shape == (5, 28, 28, 1) and images.dtype == np.uint8 and labels.dtype == np.int64
+    assert np.array_equal(images[..., 0], out["t10k"][0][:5]) and np.array_equal(labels, out["t10k"][1][:5])
+    images, labels = model.load_split("test", root=str(tmp_path / "mnist"))
+    assert len(images) == len(labels) == 16
+
+
+@pytest.mark.slow
+def test_the_readme_python_snippet_runs_as_written(tmp_path):
+    """The snippet under "From Python:", verbatim, in a fresh interpreter, with the fixture's MNIST where
+    the shipped model looks for its data ($IMAGEGEN_DATA/mnist)."""
+    write_mnist(tmp_path / "data" / "mnist")
+    snippet = readme_block("From Python:", "python")
+    assert "load_split" in snippet
+    check = "\nimport math\nassert math.isfinite(model.bits_per_dim(test_images, labels=test_labels))\nprint('ran')\n"
+    env = {**os.environ, "IMAGEGEN_DATA": str(tmp_path / "data"), "OMP_NUM_THREADS": "1",
+           "IMAGEGEN_DISABLE_KERNEL": "1"}                       # no minute-long compile inside the test
+    proc = subprocess.run([sys.executable, "-c", snippet + check], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ran"), proc.stderr
+    assert (tmp_path / "sevens-python.png").is_file()
+
+
+def test_quick_start_commands_each_write_their_own_file_and_pass_no_default_guidance():
+    from imagegen.store import shipped
+    default = json.loads((shipped.SHIPPED / f"{shipped.DEFAULT}.json").read_text())["record"]["guidance"]
+    block = readme_block("Draw digits with the model that ships", "bash")
+    commands = [line.split("#")[0].split() for line in block.splitlines() if line.startswith("imagegen-sample")]
+    assert len(commands) == 3
+    outs = [dict(a.split("=", 1) for a in c[1:]).get("out") for c in commands]
+    assert None not in outs and len(set(outs)) == 3, outs
+    for c in commands:
+        guidance = dict(a.split("=", 1) for a in c[1:]).get("guidance")
+        assert guidance is None or float(guidance) != default, c

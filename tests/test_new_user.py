@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import imagegen
-from commands import call, run
+from imagegen.commands.cli import command_name
+from commands import call, one_line_error, run
 from fixtures import write_mnist
 from imagegen.data.sets import DATASETS
 from imagegen.model.transformer import build_model
@@ -142,3 +143,29 @@ def test_quick_start_commands_each_write_their_own_file_and_pass_no_default_guid
     for c in commands:
         guidance = dict(a.split("=", 1) for a in c[1:]).get("guidance")
         assert guidance is None or float(guidance) != default, c
+
+
+# ---------------------------------------------------------------- 5. --help and typos
+@pytest.mark.parametrize("name", ["train", "eval", "sample", "bench", "export", "convert"])
+def test_threads_help_says_what_0_does_for_each_command(name):
+    out = call(*command_name(name).split(), "--help").stdout
+    text = out.split("  threads: int = 0\n", 1)[1].splitlines()[0].strip()
+    assert text != "CPU threads for torch (0: torch's default)", name
+    if name == "sample":
+        assert "0: measured" in text and "1 thread" in text
+
+
+def test_help_shows_the_values_of_the_preset_on_the_command_line():
+    plain = call("imagegen-train", "--help").stdout
+    preset = call("imagegen-train", "preset=cpu_mnist", "--help").stdout
+    assert "  train.ema: float = 0.0\n" in plain and "  model.num_classes: int = 0\n" in plain
+    assert "  train.ema: float = 0.999\n" in preset and "  model.num_classes: int = 10\n" in preset
+    assert "default with preset=cpu_mnist" in preset
+    one_line_error(call("imagegen-train", "preset=nope", "--help"), "unknown preset 'nope'")
+
+
+@pytest.mark.parametrize("typo,option", [("trian.max_steps", "train.max_steps"), ("modle.n_layers", "model.n_layers"),
+                                         ("lable", "label")])
+def test_a_typo_in_a_dotted_key_gets_a_suggestion(typo, option):
+    cmd = "imagegen-sample" if typo == "lable" else "imagegen-train"
+    one_line_error(call(cmd, f"{typo}=3"), f"unknown option '{typo}' (did you mean {option}?)")

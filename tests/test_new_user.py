@@ -169,3 +169,57 @@ def test_help_shows_the_values_of_the_preset_on_the_command_line():
 def test_a_typo_in_a_dotted_key_gets_a_suggestion(typo, option):
     cmd = "imagegen-sample" if typo == "lable" else "imagegen-train"
     one_line_error(call(cmd, f"{typo}=3"), f"unknown option '{typo}' (did you mean {option}?)")
+
+
+# ---------------------------------------------------------------- 6. the demo page
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium as tests/test_export.py drives it (skipped where missing unless IMAGEGEN_REQUIRE_BROWSER)."""
+    from imagegen.benchmarks.browser import CHROMIUM, FLAGS
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if sync_playwright is None or not os.path.exists(CHROMIUM):
+        why = f"{CHROMIUM} or the playwright package is missing (apt-get install chromium; pip install -e .[dev])"
+        if os.environ.get("IMAGEGEN_REQUIRE_BROWSER"):
+            pytest.fail(why + ", and IMAGEGEN_REQUIRE_BROWSER is set")
+        pytest.skip(why)
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("chromium-profile")),
+                                                       executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield context
+        context.close()
+
+
+@pytest.mark.slow
+def test_page_opens_on_a_row_per_class_and_a_picked_test_image_brings_its_class(browser, tmp_path, mnist_root):
+    from imagegen.benchmarks.browser import serve
+    from imagegen.commands.export import export
+
+    ck = run_checkpoint(tmp_path / "run" / "best.pt", mnist_root)
+    export({"checkpoint": str(ck), "out": str(tmp_path / "site"), "examples": 4, "data": {"root": None},
+            "guidance": 3.0})
+    labels = json.loads((tmp_path / "site" / "config.json").read_text())["example_labels"]
+    assert labels == write_mnist(tmp_path / "again")["t10k"][1][:4].tolist()
+    with serve(tmp_path / "site") as url:
+        page = browser.new_page()
+        page.goto(url + "?autostart=0")
+        page.wait_for_function("window.imagegen && window.imagegen.status === 'ready'", timeout=30_000)
+        assert page.input_value("#label") == "rows" and page.is_enabled("#guidance")
+        assert page.input_value("#guidance") == "3"
+
+        page.check("input[value=complete]")
+        other = next(str(y) for y in range(10) if y != labels[1])
+        page.select_option("#label", other)                    # a class chosen before picking a test image
+        page.locator("#examples canvas").nth(1).click()
+        assert page.input_value("#label") == str(labels[1]) and page.is_enabled("#guidance")
+        pad = page.evaluate("Array.from(document.getElementById('pad').getContext('2d')"
+                            ".getImageData(0, 0, 28, 14).data.filter((_, i) => i % 4 === 0))")
+        example = np.frombuffer((tmp_path / "site" / "examples.bin").read_bytes(), np.uint8)[784:784 + 392]
+        assert pad == example.tolist()
+
+        page.goto(url + "?mode=complete&autostart=0")        # opened on completion: the first test image's class
+        page.wait_for_function("window.imagegen && window.imagegen.status === 'ready'", timeout=30_000)
+        assert page.input_value("#label") == str(labels[0])
+        page.close()

@@ -196,6 +196,9 @@ class ConvertConfig:
     check_images: int = opt(500, "score the first N test images with the converted file and record the bits/dim "
                                  "(0: skip)")
     batch_size: int = opt(32, "images per forward pass of the check")
+    keep_root: bool = opt(True, "record the data root (data.root, null: the checkpoint's) in OUT.json, made absolute, "
+                                "where eval, sample mode=complete and export then find the data; false: leave it "
+                                "empty, for a model to ship (it looks in $IMAGEGEN_DATA/<name> or data/<name>)")
     device: str = opt("cpu", "where the check runs")
     threads: int = opt(0, "CPU threads for torch in the bits/dim check (0: torch's default, usually one per "
                           "physical core)")

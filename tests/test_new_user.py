@@ -62,6 +62,19 @@ def test_readme_convert_then_export_finds_the_data_away_from_data_mnist(tmp_path
     assert (work / "site" / "examples.bin").stat().st_size == 8 * 784
 
 
+def test_convert_records_a_relative_root_absolute_and_none_for_a_model_to_ship(tmp_path, mnist_root, monkeypatch):
+    ck = run_checkpoint(tmp_path / "run" / "best.pt", tmp_path / "moved")      # the run's data has moved since
+    monkeypatch.chdir(mnist_root.parent)
+    proc = call("imagegen-convert", f"checkpoint={ck}", f"out={tmp_path / 'a'}", "check_images=2", "progress=false",
+                f"data.root={mnist_root.name}", "threads=1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "a.json").read_text())["config"]["data"]["root"] == str(mnist_root)
+    proc = call("imagegen-convert", f"checkpoint={ck}", f"out={tmp_path / 'b'}", "check_images=2", "progress=false",
+                f"data.root={mnist_root}", "keep_root=false", "threads=1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["config"]["data"]["root"] is None
+
+
 def test_a_failed_convert_leaves_nothing_behind(tmp_path, mnist_root, monkeypatch):
     ck = run_checkpoint(tmp_path / "run" / "best.pt", mnist_root)
     monkeypatch.chdir(tmp_path)

@@ -5,6 +5,7 @@ see conf/convert.yaml and imagegen/store/shipped.py). The result loads wherever 
 Nothing is written until everything that can fail has run (the check scores the bytes the
 .safetensors file will hold): a failed or interrupted convert leaves no OUT files behind."""
 import json
+from pathlib import Path
 
 from ..store import checkpoint, shipped
 from .cli import hydra_entry
@@ -15,7 +16,8 @@ from ..bits_per_dim import bits_per_dim
 
 def convert(cfg, device):
     """Write the files; returns the record stored in OUT.json. The .json keeps the checkpoint's data
-    section (its root included), with the non-null data.* values of the command line over it."""
+    section (its root included, made absolute; keep_root=false: empty), with the non-null data.* values
+    of the command line over it."""
     if cfg["check_images"] < 0:
         raise UserError(f"check_images must be >= 0 (0: skip the check), got {cfg['check_images']}.")
     path = shipped.resolve(cfg["checkpoint"])
@@ -26,6 +28,8 @@ def convert(cfg, device):
               "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
               "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"]}
     data = {**ck["config"]["data"], **{k: v for k, v in (cfg.get("data") or {}).items() if v is not None}}
+    if data.get("root") is not None:
+        data["root"] = str(Path(data["root"]).expanduser().absolute())
     config = json.loads(json.dumps(shipped.shippable_config(ck["config"], data)))     # as OUT.json will hold it
     blob = shipped.weights_bytes(model.state_dict())
     if cfg["check_images"]:
@@ -41,6 +45,8 @@ def convert(cfg, device):
                            labels=y if again.num_classes else None)
         record["test_check"] = {"images": len(x), "bits_per_dim": bpd, "labels": bool(again.num_classes)}
         print(f"bits/dim of the first {len(x)} test images: {bpd:.4f} (recorded)")
+    if not cfg.get("keep_root", True):
+        config["data"]["root"] = None           # a model to ship: the loading machine's data/<name>
     weights, meta = shipped.write(cfg["out"], config, blob, record)
     print(f"wrote {weights} and {meta}")
     return record

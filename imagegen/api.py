@@ -5,6 +5,7 @@
     digits = model.generate(labels=[7] * 8, guidance=2)   # (8, 28, 28, 1) uint8
     model.grid(digits, nrow=8).save("sevens.png")
     halves = model.complete(digits[:2], rows=14, n=4)     # keep 14 rows of each, sample the rest 4 times
+    test_images, test_labels = model.load_split("test", n=500)   # the model's own dataset, from data.root
     model.bits_per_dim(test_images, labels=test_labels)
 
 Images are numpy uint8 arrays (N, H, W, C); labels are class numbers (model.class_names names them).
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from .store import checkpoint, shipped
-from .data.sets import dataset_info
+from .data.sets import dataset_info, load_from_config
 from .config import check_classes, check_sampling
 from .errors import UserError
 from .memory import check_images_fit
@@ -89,6 +90,20 @@ class Model:
         images = self._images(images)
         x = torch.from_numpy(images.reshape(len(images), -1))
         return bits_per_dim(self.module, x, batch_size, self.device, labels=self._labels(labels, len(images)))
+
+    def load_split(self, split="test", n=None, root=None, download=None):
+        """(images (N, H, W, C) uint8, labels (N,) int64) of a split (test, val or train) of the dataset
+        this model was trained on, read as the commands read it: from root, else the model's recorded
+        data root (a shipped model: $IMAGEGEN_DATA/<name>, else data/<name>); download: None keeps the
+        model's setting (True fetches missing official files). n: only the first n images."""
+        if n is not None:
+            check_sampling(n=n)
+        ((x, y),) = load_from_config(self.config["data"], (split,), {"root": root, "download": download},
+                                     labels=True)
+        count = len(x) if n is None else min(n, len(x))
+        # a folder gives source.ImageRows over its cache: one uint8 tensor per index
+        seqs = x[:count] if isinstance(x, torch.Tensor) else torch.stack([x[i] for i in range(count)])
+        return to_images(seqs, self.info).copy(), torch.as_tensor(y[:count]).numpy().astype(np.int64)
 
     def grid(self, images, nrow=8, scale=4):
         """A PIL image tiling images (B, H, W, C) uint8, nrow per row, upscaled `scale` times."""

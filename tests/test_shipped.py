@@ -49,7 +49,7 @@ def test_convert_writes_the_averaged_weights_and_a_config_that_loads_anywhere(ru
     weights = tmp_path / "ship" / "digits.safetensors"
     meta = json.loads(weights.with_suffix(".json").read_text())
     assert meta["config"]["model"]["attention_options"]["impl"] == "auto"     # the loading machine's choice
-    assert meta["config"]["data"]["root"] is None and meta["record"]["guidance"] == 2.0
+    assert meta["config"]["data"]["root"] == str(mnist_root) and meta["record"]["guidance"] == 2.0   # data.root=
     assert record["step"] == 7 and record["averaged_weights"] and record["n_params"] == sum(
         p.numel() for p in ema.parameters())
     model = imagegen.load(weights)

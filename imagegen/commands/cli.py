@@ -116,14 +116,21 @@ def compose(config_name, overrides):
         where = str(e).strip().splitlines()[0]
         key = getattr(cause, "full_key", None)
         if "not in" in first and key:
-            raise UserError(f"unknown option {key!r}{did_you_mean(config_name, key)}; {command_name(config_name)} "
+            typed = next((k for k in override_keys(overrides) if k == key or k.startswith(key + ".")), key)
+            raise UserError(f"unknown option {typed!r}{did_you_mean(config_name, typed)}; {command_name(config_name)} "
                             f"--help lists the options.") from None
         raise UserError(f"{where.rstrip('.')}: {first.rstrip('.')}; {command_name(config_name)} --help lists "
                         f"every option and its type.") from None
 
 
+def override_keys(overrides):
+    """The keys of key=value overrides (+key=, ~key= too), as typed."""
+    return [a.lstrip("+~").partition("=")[0] for a in overrides if "=" in a]
+
+
 def did_you_mean(config_name, key):
-    """' (did you mean train.max_minutes?)' for the closest option of the command's schema, or ''."""
+    """' (did you mean train.max_minutes?)' for the closest option of the command's schema, or ''. key is the
+    whole dotted key as typed (trian.max_steps), not just the part Hydra found unknown (trian)."""
     import difflib
 
     options = [k for k, _, _ in config.describe(config.SCHEMAS[config_name])]
@@ -131,13 +138,17 @@ def did_you_mean(config_name, key):
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def help_text(config_name):
-    """--help: the command, its config groups and every option with its type, default and sentence."""
+def help_text(config_name, argv=()):
+    """--help: the command, its config groups and every option with its type, default and sentence. The
+    defaults shown are those of the config groups chosen in argv (imagegen-train preset=cpu_mnist --help:
+    the preset's values), else the command's own."""
     from omegaconf import OmegaConf
 
     command = COMMAND_TABLE[config_name]
     description, groups, examples = command.description, command.groups, command.examples
-    cfg = OmegaConf.to_container(compose(config_name, []), resolve=False)
+    chosen = [a for a in argv if "=" in a and a.partition("=")[0] in groups]
+    check_choices(chosen, groups, config_name)
+    cfg = OmegaConf.to_container(compose(config_name, chosen), resolve=False)
     lines = [f"{command_name(config_name)}: {description}", "",
              f"usage: {command_name(config_name)} [key=value ...]" + (" [group=choice ...]" if groups else ""), ""]
     if groups:
@@ -146,7 +157,8 @@ def help_text(config_name):
             choices = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
             lines.append(f"  {group}={'|'.join(choices)}")
         lines.append("")
-    lines.append("options (key: type = default; meaning):")
+    lines.append("options (key: type = default; meaning):" if not chosen else
+                 f"options (key: type = default with {' '.join(chosen)}; meaning):")
     for key, kind, text in config.describe(config.SCHEMAS[config_name]):
         value = cfg
         for part in key.split("."):
@@ -165,7 +177,10 @@ def launcher(config_name):
     def main():
         if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
             config.register()
-            print(help_text(config_name))
+            try:
+                print(help_text(config_name, sys.argv[1:]))
+            except UserError as e:
+                sys.exit(f"error: {e}")
             return
         import importlib
         importlib.import_module(COMMAND_TABLE[config_name].module).main()
@@ -186,7 +201,7 @@ def hydra_entry(config_name, task):
         argv = sys.argv[1:]
         try:
             if "--help" in argv or "-h" in argv:
-                print(help_text(config_name))
+                print(help_text(config_name, argv))
                 return
             check_choices(argv, groups, config_name)
             if not any(a.startswith("-") for a in argv):      # sweeps and Hydra flags: Hydra checks them

@@ -1,6 +1,12 @@
 """imagegen-convert: a run's checkpoint as a shippable model, OUT.safetensors + OUT.json (Hydra app;
 see conf/convert.yaml and imagegen/store/shipped.py). The result loads wherever a checkpoint is taken
-(checkpoint=OUT.safetensors), and by name once it lies in the package's checkpoints/ folder."""
+(checkpoint=OUT.safetensors), and by name once it lies in the package's checkpoints/ folder.
+
+Nothing is written until everything that can fail has run (the check scores the bytes the
+.safetensors file will hold): a failed or interrupted convert leaves no OUT files behind."""
+import json
+from pathlib import Path
+
 from ..store import checkpoint, shipped
 from .cli import hydra_entry
 from ..data.sets import load_from_config
@@ -9,7 +15,9 @@ from ..bits_per_dim import bits_per_dim
 
 
 def convert(cfg, device):
-    """Write the files; returns the record stored in OUT.json."""
+    """Write the files; returns the record stored in OUT.json. The .json keeps the checkpoint's data
+    section (its root included, made absolute; keep_root=false: empty), with the non-null data.* values
+    of the command line over it."""
     if cfg["check_images"] < 0:
         raise UserError(f"check_images must be >= 0 (0: skip the check), got {cfg['check_images']}.")
     path = shipped.resolve(cfg["checkpoint"])
@@ -19,17 +27,27 @@ def convert(cfg, device):
     record = {"source": str(path), "step": state.get("step"), "minutes": round(state.get("elapsed", 0) / 60, 1),
               "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
               "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"]}
-    weights, meta = shipped.write(cfg["out"], ck["config"], model.state_dict(), record)
+    data = {**ck["config"]["data"], **{k: v for k, v in (cfg.get("data") or {}).items() if v is not None}}
+    if data.get("root") is not None:
+        data["root"] = str(Path(data["root"]).expanduser().absolute())
+    config = json.loads(json.dumps(shipped.shippable_config(ck["config"], data)))     # as OUT.json will hold it
+    blob = shipped.weights_bytes(model.state_dict())
     if cfg["check_images"]:
-        converted = checkpoint.load(weights)                   # score the file as written, not the model in memory
-        again = checkpoint.model_from_checkpoint(converted, weights).to(device)
-        ((x, y),) = load_from_config(converted["config"]["data"], ("test",), cfg["data"], labels=True)
+        from safetensors.torch import load as load_weights
+
+        # score the bytes as they will be written, not the model in memory
+        converted = checkpoint.check({"format": checkpoint.FORMAT, "config": config, "model": load_weights(blob)},
+                                     path)
+        again = checkpoint.model_from_checkpoint(converted, path).to(device)
+        ((x, y),) = load_from_config(config["data"], ("test",), labels=True)
         x, y = x[: cfg["check_images"]], y[: cfg["check_images"]]
         bpd = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"],
                            labels=y if again.num_classes else None)
         record["test_check"] = {"images": len(x), "bits_per_dim": bpd, "labels": bool(again.num_classes)}
-        meta = shipped.write_config(cfg["out"], ck["config"], record)      # the weights as written stay
         print(f"bits/dim of the first {len(x)} test images: {bpd:.4f} (recorded)")
+    if not cfg.get("keep_root", True):
+        config["data"]["root"] = None           # a model to ship: the loading machine's data/<name>
+    weights, meta = shipped.write(cfg["out"], config, blob, record)
     print(f"wrote {weights} and {meta}")
     return record
 

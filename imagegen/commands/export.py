@@ -9,15 +9,16 @@ from .cli import hydra_entry
 
 
 def test_images(ck, count, overrides):
-    """Up to `count` test images (n, D) uint8 for the completion mode, or None with a note if unavailable."""
+    """Up to `count` test images (n, D) uint8 for the completion mode and their labels (n,), or None
+    with a note if unavailable."""
     if count <= 0:
         return None
     try:
-        (images,) = load_from_config(ck["config"]["data"], ("test",), overrides)
+        ((images, labels),) = load_from_config(ck["config"]["data"], ("test",), overrides, labels=True)
     except UserError as e:
         print(f"note: no test images included for the completion mode ({e}); drawing still works.")
         return None
-    return images[:count]
+    return images[:count], labels[:count]
 
 
 def export(cfg):

@@ -207,13 +207,26 @@ def kernel_error(device_type, warn=False):
         return str(exc)
 
 
+class FallbackWarning(RuntimeWarning):
+    """A faster form is unavailable and the chunked PyTorch form runs instead (printed as its one line)."""
+
+
 def warn_fallback(what, device_type, why):
-    """One RuntimeWarning per process for each (what, device_type): `what` is unavailable there,
-    why, and that the chunked PyTorch form runs instead."""
+    """One FallbackWarning (a RuntimeWarning) per process for each (what, device_type): `what` is
+    unavailable there, why, and that the chunked PyTorch form runs instead. Shown as that one line on
+    stderr, without the file, line number and source line of whichever caller ran first (they read like
+    leaked code); filters apply as to any warning (-W error raises it, pytest records it)."""
     if (what, device_type) not in _warned:
         _warned.add((what, device_type))
-        warnings.warn(f"imagegen: {what} unavailable on {device_type} ({why}); falling back to the chunked "
-                      f"PyTorch form.", RuntimeWarning, stacklevel=5)
+        why = " ".join(str(why).split())
+        shown = warnings.formatwarning
+        warnings.formatwarning = lambda message, category, *where: (
+            f"{message}\n" if issubclass(category, FallbackWarning) else shown(message, category, *where))
+        try:
+            warnings.warn(f"imagegen: {what} unavailable on {device_type} ({why}); falling back to the chunked "
+                          f"PyTorch form.", FallbackWarning, stacklevel=5)
+        finally:
+            warnings.formatwarning = shown
 
 
 def prebuilt_only():

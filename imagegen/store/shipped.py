@@ -80,39 +80,51 @@ def read(path):
     return {"format": meta.get("format"), "config": config, "model": weights, "record": record}
 
 
-def shippable_config(config):
+def shippable_config(config, data=None):
     """A run's config as a shipped model keeps it: the architecture and the training settings, with
-    the machine's own choices left to the machine that loads it (attention impl auto, data root empty)."""
+    the attention impl left to the machine that loads it (auto). data: the data section to record
+    (imagegen-convert: the checkpoint's, its root included, under the command line's data.* values);
+    None leaves the data root empty (read() then looks in $IMAGEGEN_DATA/<name> or data/<name>)."""
     model = {**config["model"], "attention_options": {**config["model"].get("attention_options", {})}}
     if "impl" in model["attention_options"]:
         model["attention_options"]["impl"] = "auto"
-    data = {**config["data"], "root": None}
+    data = {**config["data"], "root": None} if data is None else dict(data)
     return {"model": model, "data": data, "train": dict(config.get("train", {}))}
 
 
 WRITE_FIX = "free space or choose another out=..."
 
 
-def write(stem, config, state_dict, record):
-    """Write STEM.safetensors and STEM.json (each atomically, through files.write_bytes); returns the two paths."""
+def weights_bytes(state_dict):
+    """The .safetensors bytes of a state dict (float32, contiguous, on the CPU)."""
     import torch
     from safetensors.torch import save
 
+    return save({k: v.detach().to(torch.float32).contiguous().cpu() for k, v in state_dict.items()})
+
+
+def write(stem, config, weights, record):
+    """Write STEM.safetensors (weights: a state dict or weights_bytes' bytes) and STEM.json (config:
+    shippable_config's, recorded as given), each atomically through
+    files.write_bytes; returns the two paths. When the .json cannot be written, the .safetensors
+    written just before is removed: a failed write leaves no half model behind."""
     from ..files import write_bytes
 
-    weights = Path(stem).with_suffix(".safetensors")
-    tensors = {k: v.detach().to(torch.float32).contiguous().cpu() for k, v in state_dict.items()}
-    write_bytes(weights, save(tensors), "weights", WRITE_FIX)
-    return weights, write_config(stem, config, record)
+    path = Path(stem).with_suffix(".safetensors")
+    write_bytes(path, weights if isinstance(weights, bytes) else weights_bytes(weights), "weights", WRITE_FIX)
+    try:
+        return path, write_config(stem, config, record)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def write_config(stem, config, record):
-    """Write STEM.json alone (the config and record beside STEM.safetensors); returns its path."""
+    """Write STEM.json alone (a shippable_config and the record beside STEM.safetensors); returns its path."""
     from .checkpoint import FORMAT
     from ..files import write_bytes
 
     meta = Path(stem).with_suffix(".json")
-    text = json.dumps({"format": FORMAT, "config": shippable_config(config), "record": record}, indent=1) + "\n"
+    text = json.dumps({"format": FORMAT, "config": config, "record": record}, indent=1) + "\n"
     write_bytes(meta, text.encode(), "config", WRITE_FIX)
     return meta
-

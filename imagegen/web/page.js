@@ -212,9 +212,21 @@ function setupPad() {
     thumb.width = W; thumb.height = H; thumb.style.width = 2 * W + "px";
     for (let p = 0; p < W * H; p++) { for (let c = 0; c < 3; c++) img.data[4 * p + c] = ex[p * C + (C === 1 ? 0 : c)]; img.data[4 * p + 3] = 255; }
     ctx.putImageData(img, 0, 0);
-    thumb.onclick = () => { padBytes.set(ex); drawPad(); };
+    thumb.onclick = () => pickExample(examples.indexOf(ex));
     $("examples").appendChild(thumb);
   });
+}
+
+/** Put test image i on the pad and, for a class-conditional model, choose its own class (its top half is
+ * completed as the digit it is, not as the class picked before). */
+function pickExample(i) {
+  padBytes.set(examples[i]);
+  drawPad();
+  const y = (config.example_labels || [])[i];
+  if (config.num_classes && Number.isInteger(y) && y >= 0 && y < config.num_classes) {
+    $("label").value = String(y);
+    $("label").dispatchEvent(new Event("change"));
+  }
 }
 
 // ---------------------------------------------------------------- controls
@@ -235,7 +247,8 @@ function fromControls() {
   start(opts).catch((e) => { if (!/cancelled/.test(e.message)) fail(e.message); });
 }
 
-/** The class picker (class-conditional models only): any (unconditional), each class, one row per class. */
+/** The class picker (class-conditional models only): any (unconditional), each class, one row per class
+ * (the choice it opens on, with the model's guidance). */
 function setupClasses(cfg) {
   const C = cfg.num_classes || 0;
   $("classView").hidden = !C;
@@ -251,6 +264,7 @@ function setupClasses(cfg) {
   $("guidance").value = cfg.guidance ?? 1;
   const sync = () => { $("guidance").disabled = $("label").value === "any"; };
   $("label").onchange = sync;
+  $("label").value = "rows";
   if (query.has("label")) $("label").value = query.get("label");
   if (query.has("guidance")) $("guidance").value = query.get("guidance");
   sync();
@@ -281,7 +295,8 @@ async function ready(cfg) {
   document.querySelectorAll("input[name=mode]").forEach((el) => el.onchange = switchMode);
   $("completeView").hidden = mode() !== "complete";
   $("go").textContent = mode() === "complete" ? "complete" : "sample";
-  if (mode() === "complete" && examples) padBytes.set(examples[0]), drawPad();
+  if (mode() === "complete" && examples && !query.has("label")) pickExample(0);
+  else if (mode() === "complete" && examples) padBytes.set(examples[0]), drawPad();
   $("go").onclick = fromControls;
   api.status = "ready";
   $("stats").textContent = "ready";

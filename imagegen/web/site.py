@@ -7,6 +7,7 @@ The site, servable by any static file server (python -m http.server -d DIR):
   model.safetensors          the state_dict in float32 (8-byte LE header length, JSON header, raw LE data)
   config.json                architecture, image shape, head, classes (num_classes, class_names), guidance
   examples.bin               a few test images (N x D uint8) for the completion mode, when the data is there
+                             (their labels: config.json's example_labels)
 The safetensors file is written here (a dozen lines) rather than with the `safetensors` package: the
 format is that simple and the page reads it with as little code, so no runtime dependency is added.
 """
@@ -67,12 +68,16 @@ def page_config(model, dataset, guidance=1.0):
 
 def write_site(model, dataset, out, examples=None, guidance=1.0, overwrite=False):
     """Write the site for `model` (a PixelTransformer with linear attention) of `dataset` into
-    folder `out`, with examples (n, D) uint8 or None and the page's default guidance; returns
+    folder `out`, with examples (n, D) uint8 (or a pair: those and their labels (n,)) or None and the
+    page's default guidance; returns
     {file name: bytes written}. The site is built beside `out` and swapped in (files.write_folder):
     a failure leaves `out` as it was, and files there that the export did not write are replaced
     only with overwrite=True."""
     config = page_config(model, dataset, guidance)
+    examples, labels = examples if isinstance(examples, tuple) else (examples, None)
     config["examples"] = 0 if examples is None else len(examples)
+    # the class each example shows: picking one on the page takes its class (a 7's top half is completed as a 7)
+    config["example_labels"] = [] if labels is None else [int(v) for v in labels]
     files = {name: (WEB_DIR / name).read_bytes() for name in PAGE_FILES}
     files["model.safetensors"] = safetensors_bytes(model.state_dict())
     files["config.json"] = (json.dumps(config, indent=1) + "\n").encode()

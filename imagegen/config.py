@@ -115,7 +115,8 @@ class TrainConfig:
     run_dir: str = opt("checkpoints/run", "folder for last.pt, best.pt and metrics.jsonl")
     seed: int = opt(0, "seed of the initial weights, the data order and the RNG")
     device: str = opt("auto", "auto (CUDA when available), cpu, cuda or cuda:N")
-    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start, and fewer when the "
+                          "steps slow down sharply and fewer are free)")
     train: TrainOptions = field(default_factory=TrainOptions)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -127,7 +128,7 @@ class CheckpointCommand:
     checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train, a .safetensors model (with its .json) "
                                    "or the name of a shipped model (mnist-linear)")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     progress: bool = opt(True, "show a progress bar")
     data: DataOverride = field(default_factory=DataOverride)
 
@@ -179,7 +180,7 @@ class ExportConfig:
     overwrite: bool = opt(False, "replace files in out that the export did not write (a symlink is replaced, never "
                                  "written through)")
     device: str = opt("cpu", "where the checkpoint is read (the page itself runs in the browser)")
-    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     data: DataOverride = field(default_factory=lambda: DataOverride(download=False))
 
 
@@ -192,7 +193,7 @@ class ConvertConfig:
                                  "(0: skip)")
     batch_size: int = opt(32, "images per forward pass of the check")
     device: str = opt("cpu", "where the check runs")
-    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     progress: bool = opt(True, "show a progress bar")
     data: DataOverride = field(default_factory=DataOverride)
 
@@ -203,7 +204,7 @@ class BenchConfig:
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
     arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")
-    threads: int = opt(0, "CPU threads for torch (0: torch's default)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     seed: int = opt(0, "seed of the random weights and inputs")
     quick: bool = opt(False, "attention, train_step, sampling: a run of about a minute on 2 cores (fewer cases); "
                              "paper: the whole pipeline in about two minutes (a tiny model, a few steps each, "

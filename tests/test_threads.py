@@ -170,3 +170,24 @@ def test_the_watch_keeps_threads_when_the_cores_are_free():
     assert torch.get_num_threads() == 2 and said == []
     assert watch.last_look == 1000.0                     # it did look, once (the second slow window is too soon)
 
+
+def test_the_python_api_fits_threads_at_load_and_looks_again_later(monkeypatch, probes_on):
+    import imagegen
+    monkeypatch.setattr(threads, "DEFAULT", 2)
+    looks = []
+    monkeypatch.setattr(threads, "free_cores", lambda: looks.append(1) or 1)
+    torch.set_num_threads(2)
+    model = imagegen.load("mnist-linear")
+    assert torch.get_num_threads() == 1 and len(looks) == 1
+    model._fit_threads()                                   # a method soon after: no new look
+    assert len(looks) == 1
+    model._looked -= threads.LOOK_SECONDS                  # minutes later: one more look
+    model._fit_threads()
+    assert len(looks) == 2
+    torch.set_num_threads(2)
+    imagegen.load("mnist-linear", threads=None)            # None: torch's count left alone, nothing measured
+    assert torch.get_num_threads() == 2 and len(looks) == 2
+    fixed = imagegen.load("mnist-linear", threads=2)       # N: kept, said once (measured at load only)
+    torch.set_num_threads(1)
+    fixed._fit_threads()
+    assert torch.get_num_threads() == 2 and len(looks) == 3

@@ -9,10 +9,17 @@
     model.bits_per_dim(test_images, labels=test_labels)
 
 Images are numpy uint8 arrays (N, H, W, C); labels are class numbers (model.class_names names them).
+
+On the CPU, load(threads=0) sets torch's thread count to the cores free now, and the model's methods
+look again when the last look is over threads.LOOK_SECONDS old (0.2 s; docs/threads.md); threads=N
+sets N; threads=None leaves torch's thread count alone.
 """
+import time
+
 import numpy as np
 import torch
 
+from . import threads as _threads
 from .store import checkpoint, shipped
 from .data.sets import dataset_info, load_from_config
 from .config import check_classes, check_sampling
@@ -23,12 +30,16 @@ from .sampling.decode import generate, grid, resolve_sampler, to_images
 from .bits_per_dim import bits_per_dim
 
 
-def load(name_or_path=shipped.DEFAULT, device="cpu"):
+def load(name_or_path=shipped.DEFAULT, device="cpu", threads=0):
     """The model a checkpoint= value names (shipped name, .safetensors with its .json, or .pt), checked
-    as every command checks it, on `device`, in evaluation mode."""
+    as every command checks it, on `device`, in evaluation mode. threads (CPU): 0 fits torch's thread
+    count to the cores free now (and the methods look again every few minutes), N sets N, None
+    leaves it alone."""
     path = shipped.resolve(name_or_path)
     ck = checkpoint.load(path)
-    return Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck)
+    model = Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck, threads=threads)
+    model._fit_threads(force=True)
+    return model
 
 
 class Model:
@@ -36,10 +47,25 @@ class Model:
     torch module), info (DatasetInfo: height, width, channels, class_names), config (the run's),
     guidance (the default recorded with a shipped model, else 1)."""
 
-    def __init__(self, module, ck):
+    def __init__(self, module, ck, threads=None):
         self.module, self.config = module, ck["config"]
         self.info = dataset_info(self.config["data"])
         self.guidance = ck.get("record", {}).get("guidance", 1.0)
+        self.threads, self._looked = threads, None
+
+    def _fit_threads(self, force=False):
+        """torch's thread count for this model's work on the CPU (see `load`): threads=0 looks at the
+        free cores at load and again when the last look is over LOOK_SECONDS old; N sets N."""
+        if self.threads is None or self.device.type != "cpu":
+            return
+        if self.threads:
+            if force:
+                _threads.fit_threads(self.threads)       # says once when N is more than the cores free
+            else:
+                torch.set_num_threads(self.threads)
+        elif force or self._looked is None or time.monotonic() - self._looked >= _threads.LOOK_SECONDS:
+            _threads.fit_threads(0)
+            self._looked = time.monotonic()
 
     @property
     def class_names(self):
@@ -54,6 +80,7 @@ class Model:
                  batch_size=64, progress=False):
         """n images (N, H, W, C) uint8; labels: one class for all, or one per image (n defaults to
         their count, else 16); guidance: None takes the model's default."""
+        self._fit_threads()
         labels = self._labels(labels)
         n = n if n is not None else (len(labels) if labels is not None and len(labels) > 1 else 16)
         check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance)
@@ -68,6 +95,7 @@ class Model:
                  precision="float32", batch_size=64):
         """Keep the top `rows` image rows (default: half) of images (B, H, W, C) uint8 and sample the
         rest n times each: (B, n, H, W, C) uint8."""
+        self._fit_threads()
         check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance)
         images = self._images(images)
         check_images_fit(self.info, len(images) * n, f"{len(images):,} images x n={n:,}")
@@ -87,6 +115,7 @@ class Model:
 
     def bits_per_dim(self, images, labels=None, batch_size=32):
         """Exact bits/dim of images (B, H, W, C) uint8, given their labels for a class-conditional model."""
+        self._fit_threads()
         images = self._images(images)
         x = torch.from_numpy(images.reshape(len(images), -1))
         return bits_per_dim(self.module, x, batch_size, self.device, labels=self._labels(labels, len(images)))

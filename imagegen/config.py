@@ -115,8 +115,8 @@ class TrainConfig:
     run_dir: str = opt("checkpoints/run", "folder for last.pt, best.pt and metrics.jsonl")
     seed: int = opt(0, "seed of the initial weights, the data order and the RNG")
     device: str = opt("auto", "auto (CUDA when available), cpu, cuda or cuda:N")
-    threads: int = opt(0, "CPU threads for torch (0: torch's default, usually one per physical core; under torchrun "
-                          "with several processes, 1 each unless OMP_NUM_THREADS says otherwise)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start, shared among "
+                          "torchrun's processes, and fewer when the steps slow down sharply and fewer are free)")
     train: TrainOptions = field(default_factory=TrainOptions)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -128,7 +128,7 @@ class CheckpointCommand:
     checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train, a .safetensors model (with its .json) "
                                    "or the name of a shipped model (mnist-linear)")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = opt(0, "CPU threads for torch (0: torch's default, usually one per physical core)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     progress: bool = opt(True, "show a progress bar")
     data: DataOverride = field(default_factory=DataOverride)
 
@@ -170,9 +170,8 @@ class SampleConfig(CheckpointCommand):
                               "one row per class (complete mode: each test image's own label); none: no labels")
     guidance: Optional[float] = opt(None, "classifier-free guidance G (1: the plain conditional distribution, > 1: "
                                           "more typical of the class); null: the model's recorded default, else 1")
-    threads: int = opt(0, "CPU threads for torch (0: measured: a few decoding steps are timed with torch's default "
-                          "and with 1 thread, and the faster is kept, as the output says; the recompute sampler "
-                          "and CUDA keep torch's default)")
+    threads: int = opt(0, "CPU threads for torch (0: measured: the cores free at start, then a few decoding steps "
+                          "are timed with that many and with 1 thread, and the faster is kept, as the output says)")
 
 
 @dataclass
@@ -185,8 +184,7 @@ class ExportConfig:
     overwrite: bool = opt(False, "replace files in out that the export did not write (a symlink is replaced, never "
                                  "written through)")
     device: str = opt("cpu", "where the checkpoint is read (the page itself runs in the browser)")
-    threads: int = opt(0, "CPU threads for torch while the checkpoint and test images are read (0: torch's "
-                          "default; the page samples in the browser, with threads of its own)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     data: DataOverride = field(default_factory=lambda: DataOverride(download=False))
 
 
@@ -202,8 +200,7 @@ class ConvertConfig:
                                 "where eval, sample mode=complete and export then find the data; false: leave it "
                                 "empty, for a model to ship (it looks in $IMAGEGEN_DATA/<name> or data/<name>)")
     device: str = opt("cpu", "where the check runs")
-    threads: int = opt(0, "CPU threads for torch in the bits/dim check (0: torch's default, usually one per "
-                          "physical core)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     progress: bool = opt(True, "show a progress bar")
     data: DataOverride = field(default_factory=DataOverride)
 
@@ -214,8 +211,7 @@ class BenchConfig:
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
     arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")
-    threads: int = opt(0, "CPU threads for torch in the timings (0: torch's default, usually one per physical core; "
-                          "mode=paper trains each attention with one thread whatever this is)")
+    threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     seed: int = opt(0, "seed of the random weights and inputs")
     quick: bool = opt(False, "attention, train_step, sampling: a run of about a minute on 2 cores (fewer cases); "
                              "paper: the whole pipeline in about two minutes (a tiny model, a few steps each, "

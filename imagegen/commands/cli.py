@@ -231,11 +231,21 @@ def hydra_entry(config_name, task):
 
 
 def resolve_device(name="auto", threads=0):
+    """The torch device `name` asks for; on the CPU, torch's thread count fitted to the cores free
+    now (threads=0) or set to threads=N (imagegen.threads.fit_threads)."""
     import torch
     if threads < 0:
-        raise UserError(f"threads must be >= 0 (0: torch's default), got {threads}.")
-    if threads:
+        raise UserError(f"threads must be >= 0 (0: the cores free now), got {threads}.")
+    device = pick_device(name, torch)
+    if device.type == "cpu":
+        from ..threads import fit_threads
+        fit_threads(int(threads))
+    elif threads:
         torch.set_num_threads(int(threads))
+    return device
+
+
+def pick_device(name, torch):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if str(name).startswith("cuda") and not torch.cuda.is_available():

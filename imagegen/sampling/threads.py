@@ -2,10 +2,11 @@
 
 A decoding step is a few small products; torch's threads meet at the end of each one. On a machine
 whose other cores are busy, one of them waits for a core at every product, and a step with two
-threads took 20-40x as long as with one (docs/speed.md). So, before sampling, a few steps are timed
-at the batch in use with torch's default thread count and with one thread, and the faster is kept
+threads took 20-40x as long as with one (docs/speed.md, docs/threads.md). Every command first fits
+torch's thread count to the cores free (imagegen.threads.fit_threads); then, before sampling, a few
+steps are timed at the batch in use with that count and with one thread, and the faster is kept
 (a fraction of a second; the machine's load changes, so the answer is not cached). IMAGEGEN_PROBE=0,
-which turns every measured choice off (`imagegen.probe`), keeps torch's default.
+which turns every measured choice off (`imagegen.probe`), keeps torch's count as it is.
 """
 import time
 
@@ -43,7 +44,7 @@ def choose_threads(model, batch, dtype=None):
     check_batch_fits(model, batch, "step", next(model.parameters()).device)
     default = torch.get_num_threads()
     if default == 1:
-        return 1, "threads=0: torch uses 1 thread on this machine"
+        return 1, "threads=0: 1 thread (the cores free at start, or torch's default)"
     if not probe.enabled():
         return default, f"threads=0: torch's default of {default} threads (IMAGEGEN_PROBE=0: not measured)"
     many, one = step_seconds(model, batch, dtype, default), step_seconds(model, batch, dtype, 1)

@@ -14,7 +14,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from .. import probe
 from ..store import checkpoint
+from ..threads import Watch
 from . import distributed, rundir
 from ..allocator import keep_freed_memory
 from ..store.checks import check_resumable, check_weights_fit
@@ -123,6 +125,9 @@ class Trainer:
         elif t.get("init"):
             self.start_from(t["init"])
         self.prebuild_kernels()
+        # threads=0 on the CPU: fewer threads when the steps slow down sharply and fewer cores are free
+        self.watch = (Watch(tell=lambda line: self.say(f"step {self.state.step}: {line}"))
+                      if device.type == "cpu" and not cfg.get("threads") and probe.enabled() else None)
         # last, so that nothing raising in here leaves a DDP wrapper behind in a traceback (see `release`)
         self.net = DistributedDataParallel(self.model) if world.distributed else self.model
 
@@ -283,8 +288,11 @@ class Trainer:
                     self.update_ema()
                 state.step += 1
                 self.order.advance(state)                     # the batch counts once it is trained on
-                state.elapsed += time.perf_counter() - tick
+                seconds = time.perf_counter() - tick
+                state.elapsed += seconds
                 progress.step(loss, lr, x.numel() * self.world.size)
+                if self.watch is not None:
+                    self.watch.step(seconds)                  # outside the step's time: a look sleeps 0.2 s
                 self.at_step_end()
             # the last save inside the handlers too: a rank stopped by another's signal may get its own
             # first one now (torchrun killed: each rank's parent watch fires in its own time), which

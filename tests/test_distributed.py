@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +195,115 @@ def test_slurm_launcher_config_composes():
     """conf/hydra/launcher/slurm.yaml extends Hydra's submitit launcher (the slurm extra, in dev)."""
     proc = run("imagegen-train", "hydra/launcher=slurm", "--cfg", "hydra")
     assert "SlurmLauncher" in proc.stdout and "gpus_per_node: 1" in proc.stdout
+
+
+# ---------------------------------------------------------------- a launcher dead before the ranks were up
+def test_launcher_gone_only_for_a_torchrun_rank_adopted_by_init(monkeypatch):
+    from imagegen.training import signals
+    monkeypatch.setattr(signals, "_launcher_is_init", lambda: False)
+    monkeypatch.setattr(os, "getppid", lambda: 1)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert signals.launcher_gone() is None                    # not under torchrun: init may start us
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert "torchrun" in signals.launcher_gone()
+    monkeypatch.setattr(signals, "_launcher_is_init", lambda: True)
+    assert signals.launcher_gone() is None                    # torchrun is the container's pid 1
+    monkeypatch.setattr(signals, "_launcher_is_init", lambda: False)
+    monkeypatch.setattr(os, "getppid", lambda: 12345)
+    assert signals.launcher_gone() is None                    # the launcher is our parent
+
+
+def proc_state(pid):
+    """The process's state letter from /proc (None once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def gone_within(pids, seconds):
+    """The pids still running (not gone, not a zombie) after up to `seconds`."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(proc_state(p) not in (None, "Z") for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if proc_state(p) not in (None, "Z")]
+
+
+def kill_all(pids):
+    for p in pids:
+        if proc_state(p) not in (None, "Z"):
+            os.kill(p, signal.SIGKILL)
+
+
+# the parent exits at once; its child, a rank as torchrun starts one (TORCHELASTIC_RUN_ID and a
+# rendezvous nobody answers), runs imagegen-train's console script once it has been adopted by init
+ORPHAN_PARENT = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], start_new_session=True)
+print(child.pid, flush=True)
+"""
+ORPHAN_RANK = """
+import os, sys, time
+while os.getppid() != 1 and time.time() < float(sys.argv[1]):
+    time.sleep(0.01)
+from imagegen.commands.scripts import train
+sys.argv = ["imagegen-train", *sys.argv[2:]]
+train()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc")
+def test_a_rank_whose_launcher_died_before_it_started_stops_in_one_line(mnist_root, tmp_path):
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    err_file = tmp_path / "stderr"
+    with open(err_file, "w") as err:
+        parent = subprocess.run([sys.executable, "-c", ORPHAN_PARENT, ORPHAN_RANK, str(time.time() + 20), *TRAIN,
+                                 f"data.root={mnist_root}", f"run_dir={tmp_path / 'run'}"],
+                                env=env, stdout=subprocess.PIPE, stderr=err, text=True, timeout=60)
+    rank = int(parent.stdout.split()[0])
+    try:
+        left = gone_within([rank], 30)                  # before: it waited out the 300 s rendezvous
+    finally:
+        kill_all([rank])
+    text = err_file.read_text()
+    assert not left, text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: torchrun, which started this rank, exited before "
+                                                   "this training process"), text
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process trees from /proc")
+@pytest.mark.parametrize("after_s", [0.0, 1.0])   # 0: before the ranks watch; 1: while they import torch
+def test_torchrun_killed_while_its_ranks_start_leaves_no_rank_behind(after_s, mnist_root, tmp_path):
+    bindir = os.path.dirname(sys.executable)
+    launcher = subprocess.Popen([os.path.join(bindir, "torchrun"), "--standalone", "--nproc_per_node=2", "--no-python",
+                                 os.path.join(bindir, "imagegen-train"), *TRAIN, f"data.root={mnist_root}",
+                                 f"run_dir={tmp_path}", "train.max_steps=100000"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children, deadline = [], time.time() + 120
+    while len(children) < 2 and time.time() < deadline and launcher.poll() is None:
+        children = [int(p) for p in os.listdir("/proc") if p.isdigit() and ppid_of(int(p)) == launcher.pid]
+        time.sleep(0.005)
+    time.sleep(after_s)
+    launcher.kill()                                      # kill -9 while the ranks start
+    launcher.wait()
+    try:
+        assert len(children) == 2, launcher.communicate()
+        left = gone_within(children, 30)                 # before: both waited out the 300 s rendezvous
+    finally:
+        kill_all(children)
+    out, err = launcher.communicate(timeout=60)         # the ranks' output (they held the pipes)
+    assert not left, err[-3000:]
+    said = [line for line in err.splitlines() if "exited" in line and ("torchrun" in line or "launcher" in line)]
+    assert len(said) == 2 and "Traceback" not in err, err[-3000:]
+
+
+def ppid_of(pid):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

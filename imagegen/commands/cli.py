@@ -171,10 +171,21 @@ def help_text(config_name, argv=()):
     return "\n".join(lines)
 
 
+def early_watch():
+    """A torchrun rank watches its launcher from its first lines, before torch is imported (seconds):
+    killed then, torchrun would leave it waiting out the rendezvous timeout; already gone: one line."""
+    from ..training.signals import watch_launcher
+    try:
+        watch_launcher()
+    except UserError as e:
+        sys.exit(f"error: {e}")
+
+
 def launcher(config_name):
     """The console script's main(): --help printed from the typed configs (hydra and omegaconf, no
     torch: well under a second), anything else handed to the command module's own `main`."""
     def main():
+        early_watch()
         if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
             config.register()
             try:
@@ -198,6 +209,7 @@ def hydra_entry(config_name, task):
     groups, uses_device = COMMAND_TABLE[config_name].groups, COMMAND_TABLE[config_name].uses_device
 
     def main():
+        early_watch()
         argv = sys.argv[1:]
         try:
             if "--help" in argv or "-h" in argv:

@@ -153,6 +153,8 @@ class SampleConfig(CheckpointCommand):
     num_images: int = opt(64, "grid mode: images to sample")
     num_originals: int = opt(8, "complete mode: test images, one row each")
     completions: int = opt(5, "complete mode: samples per test image")
+    row_names: bool = opt(True, "class-conditional models: write each row's class name on its left (grids with a "
+                                "row per class, and completions)")
     originals: str = opt("first", "complete mode: first (the first num_originals test images) or per_class (the "
                                   "first test image of each class, one row each)")
     out: Optional[str] = opt(None, "PNG to write (null: <checkpoint stem>-<mode>.png beside the checkpoint)")

@@ -45,3 +45,22 @@ def test_grid_layout_and_completion_rows():
     assert rows.shape == (10, 4, 4, 1)
     assert (rows[0, 2:] == 128).all() and np.array_equal(rows[0, :2], images[0, :2])
     assert np.array_equal(rows[4], images[0])
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_name_rows_writes_each_name_left_of_its_row(channels):
+    """A margin on the left, background-coloured except where a row's name is written (dark ink near
+    the row's middle), the grid itself unchanged beside it."""
+    from imagegen.sampling.decode import grid, name_rows
+    tiles = np.full((4, 10, 10, channels), 128, np.uint8)
+    picture = grid(tiles, nrow=2, scale=2)
+    named = np.asarray(name_rows(picture.copy(), ["cat", "airplane"]))
+    margin = named.shape[1] - picture.width
+    assert margin > 0 and named.shape[0] == picture.height
+    assert np.array_equal(named[:, margin:], np.asarray(picture))
+    left = named[:, :margin].reshape(picture.height, margin, -1).min(-1)
+    assert set(np.unique(left)) - {255} and left.max() == 255       # ink and white, never another colour
+    if channels == 3:
+        assert (named[:, :margin] == named[:, :margin, :1]).all()     # grey ink on white, not red
+    inked = np.nonzero((left < 128).any(1))[0]
+    assert inked.min() < picture.height / 2 < inked.max()            # both rows named

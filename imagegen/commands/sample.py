@@ -12,7 +12,7 @@ from ..files import check_target, write_image
 from ..memory import check_request_fits
 from ..ops.kernel import prebuilt_only
 from ..precision import dtype_name, model_dims, precision_reason, resolve_precision, slow_bf16_note
-from ..sampling.decode import completion_rows, generate, grid, resolve_sampler, sampler_label, to_images
+from ..sampling.decode import completion_rows, generate, grid, name_rows, resolve_sampler, sampler_label, to_images
 from ..sampling.threads import choose_threads
 
 
@@ -92,6 +92,8 @@ def run_sample(cfg, device):
         pick_threads(n)
         seqs = generate(model, n, desc=f"{label} sampling", labels=labels, **common)
         images = to_images(seqs, info)
+        rows = label_rows(cfg, model.num_classes)
+        names = [info.class_names[c] if c >= 0 else "no label" for c in rows] if rows and cfg["row_names"] else None
     else:                                    # mode=complete (check_sample allows no other)
         ((originals, classes),) = load_from_config(ck["config"]["data"], ("test",), cfg["data"], labels=True)
         chosen = first_of_each_class(classes) if cfg["originals"] == "per_class" else slice(cfg["num_originals"])
@@ -105,8 +107,10 @@ def run_sample(cfg, device):
         completions = to_images(seqs, info).reshape(len(originals), k, info.height, info.width, info.channels)
         images = completion_rows(to_images(originals, info), completions, keep)
         nrow = k + 2
+        names = [info.class_names[c] for c in classes] if model.num_classes and cfg["row_names"] else None
     seconds = time.perf_counter() - start
-    write_image(out, grid(images, nrow=nrow, scale=cfg["scale"]), "sample grid")
+    picture = grid(images, nrow=nrow, scale=cfg["scale"])
+    write_image(out, name_rows(picture, names) if names else picture, "sample grid")
     if cfg["save_each"]:
         folder = out.with_suffix("")
         folder.mkdir(exist_ok=True)

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from .cuda_graph_step import make_step
@@ -192,6 +192,24 @@ def grid(images, nrow=8, scale=1, pad=2, background=255):
         canvas[pad + r * (H + pad): pad + r * (H + pad) + H, pad + c * (W + pad): pad + c * (W + pad) + W] = img
     pil = Image.fromarray(canvas[..., 0] if C == 1 else canvas)
     return pil.resize((pil.width * scale, pil.height * scale), Image.NEAREST) if scale > 1 else pil
+
+
+def name_rows(image, names, background=255):
+    """A grid (PIL) of len(names) rows with a margin on its left holding each row's name, centred on the row."""
+    size = max(10, min(24, image.height // len(names) // 2))
+    try:
+        font = ImageFont.load_default(size=size)
+    except (TypeError, OSError):                      # Pillow without FreeType: the fixed bitmap font
+        font = ImageFont.load_default()
+    draw = ImageDraw.Draw(image)
+    margin = int(max(draw.textlength(n, font=font) for n in names)) + size
+    grey = image.mode == "L"
+    out = Image.new(image.mode, (image.width + margin, image.height), background if grey else (background,) * 3)
+    out.paste(image, (margin, 0))
+    draw, ink = ImageDraw.Draw(out), 0 if grey else (0, 0, 0)
+    for r, name in enumerate(names):
+        draw.text((margin - size // 2, (r + 0.5) * image.height / len(names)), name, fill=ink, font=font, anchor="rm")
+    return out
 
 
 def completion_rows(originals, completions, keep):

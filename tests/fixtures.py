@@ -77,7 +77,7 @@ def py2_cifar_pickle(data, labels, key="labels", coarse=None):
 def write_cifar100(root, n_train=10, n_test=4, seed=0):
     """cifar-100-python/{train,test} pickled as the official files are (py2_cifar_pickle, fine and coarse
     labels) and its meta (fine_label_names, coarse_label_names) under root; returns {file: (data, fine)}."""
-    from imagegen.data.sets import CIFAR100_CLASSES
+    from imagegen.data.catalogue import CIFAR100_CLASSES
     rng = np.random.default_rng(seed)
     folder = Path(root) / "cifar-100-python"
     folder.mkdir(parents=True, exist_ok=True)

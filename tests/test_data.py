@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-import imagegen.data.sets as data_module
+import imagegen.data.cifar as cifar_module
+import imagegen.data.official as official_module
 from fixtures import (hostile_cifar_pickle, idx_bytes, one_sentence, py2_cifar_pickle, shared_data, write_cifar,
                       write_mnist)
-from imagegen.data.sets import load_split, read_cifar_batch, read_idx
+from imagegen.data.cifar import read_cifar_batch
+from imagegen.data.idx import read_idx
+from imagegen.data.splits import load_split
 from imagegen.errors import UserError
 
 
@@ -126,7 +129,7 @@ def test_numpy_re_pickles_read_as_pickle_reads_them(tmp_path, protocol):
     assert np.array_equal(x, data.reshape(2, 3, 1024).transpose(0, 2, 1).reshape(2, 3072)) and y.tolist() == [3, 4]
     for a in (np.arange(6, dtype=">f8"), np.arange(6, dtype="<i4").reshape(2, 3), np.array([True, False])):
         path.write_bytes(pickle.dumps({"a": a}, protocol=protocol))
-        got = data_module._unpickle(path)["a"]
+        got = cifar_module._unpickle(path)["a"]
         assert np.array_equal(got, a) and got.dtype == pickle.loads(path.read_bytes())["a"].dtype
 
 
@@ -270,7 +273,7 @@ def test_unreadable_files_are_one_sentence(tmp_path, monkeypatch):
 
     def denied(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(path))
-    monkeypatch.setattr(data_module, "open", denied, raising=False)     # also when the tests run as root
+    monkeypatch.setattr(official_module, "open", denied, raising=False)     # also when the tests run as root
     for name in ("mnist", "cifar10"):
         with pytest.raises(UserError, match="cannot read .*Permission denied.*permissions") as e:
             load_split(name, tmp_path, "test")

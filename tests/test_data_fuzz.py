@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fixtures import idx_bytes, py2_cifar_pickle
-from imagegen.data.sets import read_cifar_batch, read_idx
+from imagegen.data.cifar import read_cifar_batch
+from imagegen.data.idx import read_idx
 from imagegen.errors import UserError
 
 FUZZ = settings(max_examples=200, deadline=None, database=None,

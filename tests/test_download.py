@@ -15,9 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import imagegen.data.sets as data
+import imagegen.data.download as download_module
 from fixtures import shared_data, one_sentence, write_cifar, write_mnist
-from imagegen.data.sets import load_from_config, load_split
+from imagegen.data.download import MIRROR_ENV
+from imagegen.data.official import OFFICIAL
+from imagegen.data.sets import load_from_config
+from imagegen.data.splits import load_split
 from imagegen.errors import UserError
 
 
@@ -79,8 +82,8 @@ def official(tmp_path_factory):
 def official_md5s(monkeypatch, files, *names):
     """Patch the md5s of the named sets' official files to those of the fixtures served in their place."""
     for name in names:
-        spec = data.OFFICIAL[name]
-        monkeypatch.setitem(data.OFFICIAL, name, replace(spec, md5={f: md5(files[f]) for f in spec.md5}))
+        spec = OFFICIAL[name]
+        monkeypatch.setitem(OFFICIAL, name, replace(spec, md5={f: md5(files[f]) for f in spec.md5}))
 
 
 @pytest.fixture
@@ -108,13 +111,13 @@ def test_good_download_fetches_only_what_the_split_needs(server, official, tmp_p
 
 
 def test_mirror_from_the_environment_and_the_config(server, official, tmp_path, monkeypatch):
-    monkeypatch.setenv(data.MIRROR_ENV, server.url)
+    monkeypatch.setenv(MIRROR_ENV, server.url)
     cfg = {"name": "mnist", "root": str(tmp_path), "download": True, "mirror": None, "val_fraction": 0.25,
            "split_seed": 0}
     train, val = load_from_config(cfg, ("train", "val"))
     assert len(train) + len(val) == 12
     assert all(p.startswith("/mirror/train-") for p in server.requests)
-    monkeypatch.setenv(data.MIRROR_ENV, "http://127.0.0.1:9/")                        # config wins over env
+    monkeypatch.setenv(MIRROR_ENV, "http://127.0.0.1:9/")                        # config wins over env
     (x,) = load_from_config({**cfg, "mirror": server.url}, ("test",))
     assert len(x) == 5
 
@@ -201,7 +204,7 @@ def test_torchvision_is_never_used(server, tmp_path, monkeypatch):
 def test_interrupted_download_removes_its_temporary_file(server, tmp_path, monkeypatch):
     def interrupted(path):
         raise KeyboardInterrupt
-    monkeypatch.setattr(data, "_md5", interrupted)
+    monkeypatch.setattr(download_module, "_md5", interrupted)
     with pytest.raises(KeyboardInterrupt):
         load_split("mnist", tmp_path, "test", download_missing=True, mirror=server.url)
     assert leftovers(tmp_path) == []

@@ -9,7 +9,7 @@ import torch
 import imagegen
 from fixtures import shared_data
 from imagegen.store import checkpoint, shipped
-from imagegen.data.sets import load_split
+from imagegen.data.splits import load_split
 
 NAME = "mnist-linear"
 

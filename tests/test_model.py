@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from imagegen.store import checkpoint
+from imagegen.store import checkpoint, checks
 from imagegen.errors import UserError
 from imagegen.model.transformer import PixelTransformer
 from fixtures import skip_without_cpu_kernel
@@ -114,9 +114,9 @@ def test_checkpoint_round_trip_and_bad_files(tmp_path):
     with pytest.raises(UserError, match="do not fit the architecture"):
         checkpoint.model_from_checkpoint(ck, path)
     with pytest.raises(UserError, match="different architecture.*d_model"):
-        checkpoint.check_compatible(checkpoint.load(path), tiny_cfg(d_model=32), path)
+        checks.check_compatible(checkpoint.load(path), tiny_cfg(d_model=32), path)
     other_impl = tiny_cfg()                  # the implementation is not the architecture: a run may switch it
     other_impl["model"]["attention_options"] = {"impl": "chunked"}
     other_impl["train"] = {"optimizer": "adamw"}
-    assert checkpoint.check_compatible(checkpoint.load(path), other_impl, path) == [
+    assert checks.check_compatible(checkpoint.load(path), other_impl, path) == [
         "model.attention_options.impl: 'auto' -> 'chunked'"]

@@ -14,7 +14,7 @@ import imagegen
 from imagegen.commands.cli import command_name
 from commands import call, one_line_error, run
 from fixtures import write_mnist
-from imagegen.data.sets import DATASETS
+from imagegen.data.catalogue import DATASETS
 from imagegen.model.transformer import build_model
 from imagegen.store import checkpoint
 

@@ -10,10 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-import imagegen.data.sets as data
 from commands import TINY, call, one_line_error, run
 from fixtures import hostile_cifar_pickle, idx_bytes, one_sentence, write_cifar, write_cifar100, write_mnist
-from imagegen.data.sets import dataset_info, load_from_config, load_split
+from imagegen.data.catalogue import CIFAR10_CLASSES
+from imagegen.data.cifar import read_cifar_batch
+from imagegen.data.download import MIRROR_ENV
+from imagegen.data.official import OFFICIAL
+from imagegen.data.sets import dataset_info, load_from_config
+from imagegen.data.splits import load_split
 from imagegen.errors import UserError
 from test_download import Server, leftovers, official_md5s, refused_by_checksum
 
@@ -94,7 +98,7 @@ def test_cifar100_reads_fine_labels_in_raster_order(tmp_path):
 def test_cifar100_meta_must_name_its_classes(tmp_path):
     write_cifar100(tmp_path)
     meta = tmp_path / "cifar-100-python" / "meta"
-    meta.write_bytes(pickle.dumps({"fine_label_names": list(data.CIFAR10_CLASSES)}, protocol=2))
+    meta.write_bytes(pickle.dumps({"fine_label_names": list(CIFAR10_CLASSES)}, protocol=2))
     with pytest.raises(UserError, match="does not name CIFAR-100's 100 classes.*apple") as e:
         load_split("cifar100", tmp_path, "test")
     assert str(meta) in one_sentence(e)
@@ -116,7 +120,7 @@ def test_cifar100_labels_outside_0_to_99_are_one_sentence(tmp_path, fine):
     path = tmp_path / "train"
     path.write_bytes(pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "fine_labels": fine}))
     with pytest.raises(UserError, match="fine_labels that are not a list of integers 0..99") as e:
-        data.read_cifar_batch(path, "cifar100")
+        read_cifar_batch(path, "cifar100")
     one_sentence(e)
 
 
@@ -167,7 +171,7 @@ def server(files, monkeypatch):
 
 
 def test_fashion_mnist_download_through_the_mirror(server, files, tmp_path, monkeypatch):
-    monkeypatch.setenv(data.MIRROR_ENV, server.url)
+    monkeypatch.setenv(MIRROR_ENV, server.url)
     x, y = load_split("fashion_mnist", tmp_path, "test", download_missing=True)
     assert np.array_equal(x.numpy(), files[1]["t10k"][0].reshape(-1, 784))
     assert np.array_equal(y.numpy(), files[1]["t10k"][1])
@@ -190,11 +194,11 @@ def test_corrupted_download_is_refused_by_its_checksum(server, tmp_path, name, s
 
 def test_the_official_checksums_are_torchvisions():
     """The md5s are torchvision's FashionMNIST and CIFAR100 ones (a typo would refuse every real download)."""
-    assert data.OFFICIAL["fashion_mnist"].md5 == {"train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    assert OFFICIAL["fashion_mnist"].md5 == {"train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
                                                   "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
                                                   "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
                                                   "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310"}
-    assert data.OFFICIAL["cifar100"].md5 == {"cifar-100-python.tar.gz": "eb9058c3a382ffc7106e4002c42a8d85"}
+    assert OFFICIAL["cifar100"].md5 == {"cifar-100-python.tar.gz": "eb9058c3a382ffc7106e4002c42a8d85"}
 
 
 # ---------------------------------------------------------------- the commands

@@ -11,7 +11,8 @@ from PIL import Image
 import imagegen
 from imagegen.store import checkpoint, shipped
 from imagegen.commands.convert import convert
-from imagegen.data.sets import DATASETS, load_split
+from imagegen.data.catalogue import DATASETS
+from imagegen.data.splits import load_split
 from imagegen.errors import UserError
 from imagegen.commands.evaluate import evaluate_on
 from imagegen.training.distributed import World

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..allocator import keep_freed_memory
 from ..config import ModelConfig
-from ..data.sets import DATASETS
+from ..data.catalogue import DATASETS
 from ..paths import data_dir
 from .attention import training_step
 from .report import machine

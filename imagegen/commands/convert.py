@@ -7,7 +7,8 @@ Nothing is written until everything that can fail has run (the check scores the 
 import json
 from pathlib import Path
 
-from ..store import checkpoint, shipped
+from ..store import checkpoint, checks, shipped
+from ..store.format import FORMAT
 from .cli import hydra_entry
 from ..data.sets import load_from_config
 from ..errors import UserError
@@ -36,7 +37,7 @@ def convert(cfg, device):
         from safetensors.torch import load as load_weights
 
         # score the bytes as they will be written, not the model in memory
-        converted = checkpoint.check({"format": checkpoint.FORMAT, "config": config, "model": load_weights(blob)},
+        converted = checks.check({"format": FORMAT, "config": config, "model": load_weights(blob)},
                                      path)
         again = checkpoint.model_from_checkpoint(converted, path).to(device)
         ((x, y),) = load_from_config(config["data"], ("test",), labels=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import folder, imagecache
+from .catalogue import IMAGENET_CLASSES
 from ..errors import UserError
 
 SIZES = {"imagenet32": 32, "imagenet64": 64}
@@ -56,7 +57,6 @@ def scan(root):
                                if s not in splits)
         raise UserError(f"the downsampled ImageNet's {lacking} not found under {root}; "
                         f"{WHERE.format(root=root)}.")
-    from .sets import IMAGENET_CLASSES
     return folder.Scan(tuple(e for _, e in sorted(found)), IMAGENET_CLASSES, ())
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import imagecache, imagenet
+from .catalogue import DatasetInfo
 from ..errors import UserError
 
 
@@ -119,7 +120,6 @@ def open_cache(d, progress=True, say=print, check_only=False):
 def folder_info(d):
     """DatasetInfo of a folder data config: size and channels from the config, class names from the
     config's class_names when recorded, else from the cache's manifest, else none."""
-    from .sets import DatasetInfo
     s = settings(d)
     names = d.get("class_names")
     if names is None and d.get("root"):

@@ -1,14 +1,19 @@
-"""Checks of a loaded checkpoint that every command shares (eval, sample, export, compare and the
-resume of training), each failure one sentence of the form "PATH is damaged or was edited: WHAT;
-use another checkpoint ...":
+"""Every check of a loaded checkpoint (eval, sample, export, convert, compare and the resume of
+training share them), each failure one sentence, most of the form "PATH is damaged or was edited:
+WHAT; use another checkpoint ..." (`damaged`):
 
+  check(ck, path)                    a loaded dict: format tag, config, weights, buildable (checkpoint.load's)
   check_path(path, hint)             a folder or a missing file, named as such (a folder's .pt files listed)
   check_format(ck, path, current)    a newer or older format tag named as such
   torch_saved(path)                  whether the file starts as torch.save's files do
   load_reason(e)                     why torch.load refused a file, in whole words
+  check_config(ck, path)             a model section that fits the schema, a known dataset
+  check_weights(state_dict, path)    a dict of floating-point, finite tensors
   check_buildable(cfg, weights, path)  before allocating: attention options, the layer count against
                                      the weights, the size against free memory
   check_weights_fit(weights, model, path)  names and shapes against the built model
+  check_training(ck, path)           a checkpoint to resume from holds optimizer and run state
+  check_compatible(ck, cfg, path)    resuming: the same architecture, data and optimizer (notes on the rest)
   check_optimizer_fits(opt_state, optimizer, path)  groups, parameter count, moment shapes, hyperparameters
   check_run_state(state, path)       types and ranges of the run state
   check_resumable(ck, model, optimizer, path)  the last three, before a resume loads anything
@@ -20,7 +25,12 @@ from pathlib import Path
 
 import torch
 
+from . import shipped
+from ..data.sets import dataset_info
 from ..errors import UserError
+from ..memory import available_bytes
+from ..precision import dtype_name
+from .format import FORMAT
 
 MAX_STEP = 10 ** 9            # optimizer steps: far beyond any run; a larger count is an edited file
 MAX_ELAPSED = 10 ** 9         # seconds trained (about 32 years)
@@ -40,7 +50,6 @@ def check_path(path, hint="checkpoint=PATH"):
                   f"{path / found[0]}" if found else "it holds no .pt file; pass the path of a .pt file")
         raise UserError(f"checkpoint {path} is a folder, not a checkpoint file: {inside} ({hint}).")
     if not path.is_file():
-        from . import shipped
         raise UserError(f"checkpoint {path} does not exist; pass {hint} naming a .pt file written by imagegen-train "
                         f"or a .safetensors file, or the name of a shipped model "
                         f"({', '.join(shipped.names()) or 'none installed'}).")
@@ -81,6 +90,101 @@ def load_reason(e):
     if len(first) > 120:
         first = first[:120].rsplit(" ", 1)[0].rstrip(",;:(") + " ..."
     return first
+
+
+def check(ck, path):
+    """The loaded dict `ck`, once its format tag, config and weights are checked."""
+    check_format(ck, path, FORMAT)
+    if not isinstance(ck, dict) or ck.get("format") != FORMAT or "model" not in ck or "config" not in ck:
+        raise UserError(f"{path} is not an imagegen checkpoint (no '{FORMAT}' format tag); "
+                        f"pass a checkpoint written by imagegen-train.")
+    check_config(ck, path)
+    check_weights(ck["model"], path)
+    if "ema" in ck:
+        check_weights(ck["ema"], path)
+    check_buildable(ck["config"], ck["model"], path, available_bytes(torch.device("cpu")))
+    return ck
+
+
+def check_config(ck, path):
+    """The stored config has a model section that fits the schema and a known dataset."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..config import ModelConfig, check_model
+
+    cfg = ck["config"]
+    if not (isinstance(cfg, dict) and isinstance(cfg.get("model"), dict) and isinstance(cfg.get("data"), dict)
+            and isinstance(cfg["data"].get("name"), str)):
+        raise damaged(path, "its config lacks the model or data section")
+    try:
+        model = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg["model"]))
+    except OmegaConfBaseException as e:
+        raise damaged(path, f"its model config does not fit ({str(e).splitlines()[0]})") from None
+    try:
+        check_model(model)
+        dataset_info(cfg["data"])
+    except UserError as e:
+        raise damaged(path, str(e).rstrip(".")) from None
+    cfg["model"] = model
+
+
+def check_weights(state_dict, path):
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise damaged(path, "its weights are not a dict of tensors")
+    for name, t in state_dict.items():
+        if not t.is_floating_point():
+            raise damaged(path, f"weight {name} holds {dtype_name(t.dtype)} values where floats belong")
+        if not torch.isfinite(t).all():
+            raise UserError(f"{path} holds non-finite weights (NaN or inf in {name}): the run diverged before this "
+                            f"save; use an earlier checkpoint (best.pt) or train again with a lower train.lr.")
+
+
+def check_training(ck, path):
+    """A checkpoint to resume from also holds the optimizer state and the run state."""
+    opt, state = ck.get("optimizer"), ck.get("state")
+    if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)):
+        raise damaged(path, "it holds no optimizer state to resume from")
+    numbers = ("step", "elapsed", "epoch", "best_val")
+    if not (isinstance(state, dict) and all(isinstance(state.get(k), (int, float)) for k in numbers)
+            and state["step"] >= 0 and not math.isnan(state["elapsed"])):
+        raise damaged(path, "its run state (step, elapsed, epoch) is missing or not numbers")
+
+
+def check_compatible(ck, cfg, path):
+    """Resuming: the checkpoint's model, data and optimizer must match the current config; other
+    training settings may change, and the returned notes say which did."""
+    diffs = architecture_diffs(ck["config"]["model"], cfg["model"])
+    if ck["config"]["data"]["name"] != cfg["data"]["name"]:
+        diffs.append(f"data: {ck['config']['data']['name']} in checkpoint vs {cfg['data']['name']} now")
+    if diffs:
+        raise UserError(f"{path} was trained with a different architecture ({'; '.join(diffs)}); "
+                        f"use another run_dir=... or the checkpoint's settings, or train.resume=false to start over.")
+    old = ck["config"].get("train", {})
+    if old.get("optimizer", cfg["train"]["optimizer"]) != cfg["train"]["optimizer"]:
+        raise UserError(f"{path} holds {old['optimizer']} optimizer state but "
+                        f"train.optimizer={cfg['train']['optimizer']} "
+                        f"now; resume with train.optimizer={old['optimizer']}, or start over with train.resume=false "
+                        f"or another run_dir.")
+    impl = [(ck["config"]["model"].get("attention_options") or {}).get("impl", "auto"),
+            (cfg["model"].get("attention_options") or {}).get("impl", "auto")]
+    return ([f"model.attention_options.impl: {impl[0]!r} -> {impl[1]!r}"] if impl[0] != impl[1] else []) + [
+        f"train.{k}: {old[k]!r} -> {v!r}" for k, v in cfg["train"].items()
+        if k in old and old[k] != v and k not in ("resume", "progress")]
+
+
+def architecture_diffs(then, now):
+    """['model.KEY: OLD in checkpoint vs NEW now'] for each architecture setting that differs
+    (which implementation computes the attention is not one)."""
+    then, now = without_impl(then), without_impl(now)
+    return [f"model.{k}: {then.get(k)!r} in checkpoint vs {v!r} now" for k, v in now.items() if then.get(k) != v]
+
+
+def without_impl(model_cfg):
+    """A model config without attention_options.impl: which implementation computes the attention
+    (C++ kernel, chunked PyTorch, Triton) is not part of the architecture, so a run may resume with another."""
+    opts = {k: v for k, v in (model_cfg.get("attention_options") or {}).items() if k != "impl"}
+    return {**model_cfg, "attention_options": opts}
 
 
 def layer_count(weights):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..paths import data_dir
+from .format import FORMAT
 
 SHIPPED = data_dir("checkpoints")
 DEFAULT = "mnist-linear"          # what imagegen-sample draws from when no checkpoint is named
@@ -121,7 +122,6 @@ def write(stem, config, weights, record):
 
 def write_config(stem, config, record):
     """Write STEM.json alone (a shippable_config and the record beside STEM.safetensors); returns its path."""
-    from .checkpoint import FORMAT
     from ..files import write_bytes
 
     meta = Path(stem).with_suffix(".json")

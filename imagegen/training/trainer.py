@@ -19,7 +19,7 @@ from ..store import checkpoint
 from ..threads import Watch
 from . import distributed, rundir
 from ..allocator import keep_freed_memory
-from ..store.checks import check_resumable, check_weights_fit
+from ..store.checks import check_compatible, check_resumable, check_training, check_weights_fit
 from ..config import check_train
 from ..data.sets import dataset_info, load_from_config
 from ..errors import UserError
@@ -143,8 +143,8 @@ class Trainer:
 
     def resume(self):
         ck = checkpoint.load(self.last)
-        checkpoint.check_training(ck, self.last)
-        changed = checkpoint.check_compatible(ck, self.cfg, self.last)
+        check_training(ck, self.last)
+        changed = check_compatible(ck, self.cfg, self.last)
         check_resumable(ck, self.model, self.opt, self.last)
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])

@@ -221,6 +221,11 @@ def test_page_opens_on_a_row_per_class_and_a_picked_test_image_brings_its_class(
         page.wait_for_function("window.imagegen && window.imagegen.status === 'ready'", timeout=30_000)
         assert page.input_value("#label") == "rows" and page.is_enabled("#guidance")
         assert page.input_value("#guidance") == "3"
+        page.fill("#n", "10")                                  # one image of each class, its name left of its row
+        page.click("#go")
+        page.wait_for_function("window.imagegen.status === 'done'", timeout=120_000)
+        names = page.evaluate("Array.from(document.querySelectorAll('#rowNames div'), d => d.textContent)")
+        assert names == [str(c) for c in range(10)] and page.is_visible("#rowNames")
 
         page.check("input[value=complete]")
         other = next(str(y) for y in range(10) if y != labels[1])

@@ -12,7 +12,7 @@ const api = window.imagegen = {
   /** Sample: opts {n, seed, temperature, uniforms (n*L numbers in [0, 1), image-major, or null), prefix
    * (one list of bytes kept in every image, or n lists), labels (class-conditional models: one class
    * number for every image, or n of them, -1 = none; null/absent = unconditional), guidance (G, default
-   * 1), recordParams, cols}. row/rows count the image rows sampled (a completion: the hidden ones only).
+   * 1), recordParams, cols, rowNames}. row/rows count the image rows sampled (a completion: the hidden ones only).
    * Resolves to {bytes (n lists of L bytes), params (Float32Array n*L*P, zeros over the prefix, or null),
    * msPerStep}. */
   run: (opts) => start(opts),
@@ -45,8 +45,20 @@ function tileOrigin(i) {
   return [PAD + (i % grid.cols) * (W + PAD), PAD + Math.floor(i / grid.cols) * (H + PAD)];
 }
 
-function setupGrid(tiles, cols) {
+/** rowNames (one per grid row, or null): a column of names left of the grid, each centred on its row. */
+function setupGrid(tiles, cols, rowNames = null) {
   const {width: W, height: H} = config, canvas = $("grid");
+  if (rowNames) {
+    const column = $("rowNames");
+    column.hidden = false;
+    column.style.paddingTop = PAD * SCALE / 2 + "px";
+    for (const name of rowNames) {
+      const cell = document.createElement("div");
+      cell.textContent = name;
+      cell.style.height = cell.style.lineHeight = (H + PAD) * SCALE + "px";
+      column.append(cell);
+    }
+  }
   grid = {cols, tiles, ctx: canvas.getContext("2d")};
   canvas.hidden = false;
   canvas.width = PAD + cols * (W + PAD);
@@ -60,6 +72,8 @@ function setupGrid(tiles, cols) {
 /** Remove the grid (and the given input beside it) from the page, as when the mode changes. */
 function clearGrid() {
   for (const id of ["grid", "given"]) { const c = $(id); c.width = c.height = 0; c.hidden = true; }
+  $("rowNames").replaceChildren();
+  $("rowNames").hidden = true;
   grid = null;
 }
 
@@ -125,7 +139,7 @@ function start(opts = {}) {
   images = Array.from({length: n}, () => new Uint8Array(L));
   startAt = start;
   clearGrid();
-  setupGrid(n, Math.max(1, Math.min(n, opts.cols ?? Math.ceil(Math.sqrt(n)))));
+  setupGrid(n, Math.max(1, Math.min(n, opts.cols ?? Math.ceil(Math.sqrt(n)))), opts.rowNames ?? null);
   if (prefix && opts.showInput !== false) showGiven(prefix.subarray(0, start));
   for (let r = 0; r < n; r++) { images[r].set(prefix ? prefix.subarray(r * start, (r + 1) * start) : []); if (start) paint(r, images[r], 0, start); }
   const rows = Math.ceil((L - start) / (config.width * config.channels));
@@ -239,12 +253,19 @@ function fromControls() {
     opts.guidance = +$("guidance").value;
     if (label === "rows") {             // one row per class: ceil(n / C) images of each class
       const per = Math.max(1, Math.ceil(opts.n / C));
-      Object.assign(opts, {n: per * C, cols: per, labels: Array.from({length: per * C}, (_, i) => Math.floor(i / per))});
+      Object.assign(opts, {n: per * C, cols: per, labels: Array.from({length: per * C}, (_, i) => Math.floor(i / per)),
+                           rowNames: classNames(config)});
     } else {
       opts.labels = +label;
     }
   }
   start(opts).catch((e) => { if (!/cancelled/.test(e.message)) fail(e.message); });
+}
+
+/** The model's class names (its numbers where config.json names none). */
+function classNames(cfg) {
+  const C = cfg.num_classes || 0;
+  return cfg.class_names && cfg.class_names.length === C ? cfg.class_names : Array.from({length: C}, (_, i) => String(i));
 }
 
 /** The class picker (class-conditional models only): any (unconditional), each class, one row per class
@@ -253,7 +274,7 @@ function setupClasses(cfg) {
   const C = cfg.num_classes || 0;
   $("classView").hidden = !C;
   if (!C) return;
-  const names = cfg.class_names && cfg.class_names.length === C ? cfg.class_names : Array.from({length: C}, (_, i) => String(i));
+  const names = classNames(cfg);
   const options = [["any", "any (unconditional)"], ...names.map((name, i) => [String(i), `${i}: ${name}`]),
                    ["rows", "one row per class"]];
   for (const [value, text] of options) {

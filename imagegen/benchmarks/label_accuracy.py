@@ -6,7 +6,7 @@ alone rewards: the judge's mean confidence in the class asked for, and the model
 its samples given their labels (near its test bits/dim at guidance 1; streaks and speckles raise it).
 
     python -m imagegen.benchmarks.label_accuracy [--checkpoint mnist-linear] [--data-root DIR]
-        [--guidance 1 2 3] [--per-class 100] [--epochs 4] [--threads N] [--out-dir bench]
+        [--guidance 1 2 3] [--per-class 100] [--epochs 4] [--threads N] [--judge FILE] [--out-dir bench]
 
 Writes bench/label_accuracy.{json,md}. The classifier is a judge, not part of imagegen: two 3x3
 convolutions with max-pooling and a linear layer (the classic small MNIST CNN, colour input for
@@ -14,6 +14,7 @@ CIFAR-10), Adam, seeded.
 """
 import argparse
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -60,6 +61,19 @@ def predict(net, x, info):
     return class_probs(net, x, info).argmax(-1)
 
 
+def judge(args, train, info):
+    """The classifier: read from --judge when that file exists (tensors only), else trained (and saved
+    there when --judge names a file)."""
+    net = classifier(info.channels, info.num_classes, info.height, info.width)
+    if args.judge and Path(args.judge).is_file():
+        net.load_state_dict(torch.load(args.judge, weights_only=True))
+        return net.eval()
+    net = train_classifier(*train, info, args.epochs, args.seed)
+    if args.judge:
+        torch.save(net.state_dict(), args.judge)
+    return net
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", default=shipped.DEFAULT)
@@ -71,6 +85,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="bench")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--judge", default=None, help="file of the classifier's weights: read when it exists (its test "
+                                                 "accuracy is measured again), else written after training")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -85,7 +101,7 @@ def main(argv=None):
     train, test = load_from_config({**ck["config"]["data"], "val_fraction": 0.0}, ("train", "test"), overrides,
                                    labels=True)
     start = time.perf_counter()
-    net = train_classifier(*train, info, args.epochs, args.seed)
+    net = judge(args, train, info)
     accuracy = (predict(net, test[0], info) == test[1]).float().mean().item()
     print(f"classifier: {len(train[0])} training images, {args.epochs} epochs, {time.perf_counter() - start:.0f} s; "
           f"test accuracy {accuracy:.4f} on {len(test[0])} images")

@@ -2,7 +2,9 @@
 
 Training (train.bf16): matrix products run in bfloat16 (float32 accumulation); parameters,
 optimizer state, the linear attention's sums (`imagegen.ops.linear_attention`) and the loss stay
-float32. Sampling and evaluation (precision=float32|bfloat16|auto): see `resolve_precision`.
+float32. Sampling and evaluation (precision=float32|bfloat16|auto|int8): see `resolve_precision`.
+int8 (sampling and evaluation on the CPU, never chosen by auto): the Dense products with 8-bit
+weights, see `imagegen.model.layers` (`INT8`, `quantize`).
 
 "Fast here" is decided by capability, never by vendor: a CUDA device that supports bfloat16, or a
 CPU with AMX tiles or AVX512-BF16 (torch's CPU report, else the /proc/cpuinfo flags `amx_bf16`,
@@ -30,7 +32,8 @@ import torch
 from . import probe
 from .errors import UserError
 
-PRECISIONS = ("float32", "bfloat16", "auto")
+PRECISIONS = ("float32", "bfloat16", "auto", "int8")
+FLOAT_PRECISIONS = PRECISIONS[:3]      # training's: int8 is for sampling and evaluation only
 
 
 def _torch_flag(name):
@@ -183,11 +186,20 @@ def slow_bf16_note(dtype, device):
     return f"note: bfloat16 is slow here ({why}): its products are emulated, many times slower than float32."
 
 
-def resolve_precision(setting, device, key="precision", dims=None, batch=None):
-    """precision=float32|bfloat16|auto -> torch.float32 or torch.bfloat16 (auto: bfloat16 where faster;
-    dims (d_model, d_ff) and batch: the sampler's products to measure, see `auto_bf16`)."""
-    if setting not in PRECISIONS:
-        raise UserError(f"{key} must be one of {', '.join(PRECISIONS)}, not {setting!r}.")
+def resolve_precision(setting, device, key="precision", dims=None, batch=None, choices=PRECISIONS):
+    """precision=float32|bfloat16|auto|int8 -> torch.float32, torch.bfloat16 or layers.INT8 (torch.qint8:
+    int8 Dense products, CPU only); auto: bfloat16 where faster, never int8; dims (d_model, d_ff) and
+    batch: the sampler's products to measure, see `auto_bf16`. choices: the settings allowed."""
+    if setting not in choices:
+        raise UserError(f"{key} must be one of {', '.join(choices)}, not {setting!r}.")
+    if setting == "int8":
+        from .model.layers import INT8, can_int8
+        if device.type != "cpu":
+            raise UserError(f"{key}=int8 runs on the CPU only (torch's fbgemm int8 products); use device=cpu, or "
+                            f"float32 or bfloat16 on {device.type}.")
+        if (why := can_int8()) is not None:
+            raise UserError(f"{key}=int8 is not available: {why}; use float32.")
+        return INT8
     if setting == "auto":
         setting = "bfloat16" if auto_bf16(device, dims, batch, backward=False)[0] else "float32"
     return torch.bfloat16 if setting == "bfloat16" else torch.float32
@@ -204,11 +216,12 @@ def model_dims(model):
     return ff.shape[0], ff.shape[1]
 
 
-def resolve_precisions(settings, device, key):
-    """A benchmark's list of precisions (float32|bfloat16|auto each) -> (the distinct dtype names to
-    measure, in order; a line saying why bfloat16 is left out or slow here, or None). `auto` adds
-    bfloat16 only where it is fast, so the defaults do not spend an hour on emulated products."""
-    names = list(dict.fromkeys(dtype_name(resolve_precision(s, device, key)) for s in settings))
+def resolve_precisions(settings, device, key, choices=PRECISIONS):
+    """A benchmark's list of precisions (each one of choices: float32|bfloat16|auto, and int8 for
+    sampling) -> (the distinct dtype names to measure, in order; a line saying why bfloat16 is left
+    out or slow here, or None). `auto` adds bfloat16 only where it is fast, so the defaults do not
+    spend an hour on emulated products; it never adds int8."""
+    names = list(dict.fromkeys(dtype_name(resolve_precision(s, device, key, choices=choices)) for s in settings))
     if "bfloat16" in names:
         return names, slow_bf16_note(torch.bfloat16, device)
     if "auto" in settings:
@@ -217,7 +230,13 @@ def resolve_precisions(settings, device, key):
 
 
 def dtype_name(dtype):
-    return str(dtype).replace("torch.", "")
+    """torch.float32 -> 'float32'; the int8 products' torch.qint8 -> 'int8' (the precision's name)."""
+    return "int8" if dtype == torch.qint8 else str(dtype).replace("torch.", "")
+
+
+def precision_dtype(name):
+    """A precision's dtype name ('float32', 'bfloat16', 'int8') -> its dtype (`dtype_name` reversed)."""
+    return torch.qint8 if name == "int8" else getattr(torch, name)
 
 
 def autocast(device, enabled):

@@ -87,7 +87,7 @@ def test_cpuinfo_parser_reads_the_flags_line(tmp_path):
 
 
 def test_bad_precision_is_one_sentence():
-    with pytest.raises(UserError, match="precision must be one of float32, bfloat16, auto, not 'half'"):
+    with pytest.raises(UserError, match="precision must be one of float32, bfloat16, auto, int8, not 'half'"):
         precision.resolve_precision("half", CPU)
 
 

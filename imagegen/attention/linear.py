@@ -26,7 +26,7 @@ from torch import nn
 from ..errors import UserError
 from ..ops import (EPS, IMPLS, compute_dtype, fused_state, fused_step, gated_linear_attention, gated_step,
                    linear_attention_qkv, mapped_linear_attention, triton_step, uses_fused_kernel, uses_triton_step)
-from ..model.layers import Dense, dense
+from ..model.layers import Dense, activation_dtype, dense
 from . import Attention, AttentionState, register
 from .feature_maps import make_feature_map
 
@@ -105,8 +105,9 @@ class LinearAttention(Attention):
 
     def init_state(self, batch, max_len, device, dtype):
         """A LinearState of constant size whatever max_len: the fused kernel's form where it serves
-        (elu + 1, no gate), else S (N*H, F, M+1) whose last column is Z, stepped by Triton or PyTorch."""
-        like, NH, E = torch.empty(0, device=device, dtype=dtype), batch * self.n_heads, self.head_dim
+        (elu + 1, no gate), else S (N*H, F, M+1) whose last column is Z, stepped by Triton or PyTorch.
+        dtype: the products' (layers.INT8: int8 products, the sums float32)."""
+        like, NH, E = torch.empty(0, device=device, dtype=activation_dtype(dtype)), batch * self.n_heads, self.head_dim
         weights = self.step_weights(dtype, batch)
         if self.plain_elu and uses_fused_kernel(self.impl, like):
             return LinearState(S=fused_state(like, NH, E, E), form="fused", **weights)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..model.layers import Dense, dense
+from ..model.layers import Dense, activation_dtype, dense
 from . import Attention, AttentionState, register
 
 
@@ -36,9 +36,9 @@ class SoftmaxAttention(Attention):
 
     def init_state(self, batch, max_len, device, dtype):
         """A K/V cache of max_len positions, allocated once and written in place: in dtype, except
-        float32 for bfloat16 products unless bf16_cache."""
+        float32 for bfloat16 products unless bf16_cache, and for int8 products (layers.INT8)."""
         shape = (batch, self.n_heads, max_len, self.head_dim)
-        cache = torch.float32 if dtype == torch.bfloat16 and not self.bf16_cache else dtype
+        cache = torch.float32 if dtype == torch.bfloat16 and not self.bf16_cache else activation_dtype(dtype)
         k, v = (torch.zeros(shape, device=device, dtype=cache) for _ in range(2))
         return KVCache(k=k, v=v, **self.step_weights(dtype, batch))
 

@@ -19,7 +19,7 @@ from ..model.transformer import build_model
 from ..attention.feature_maps import FEATURE_MAPS, make_feature_map
 from ..ops import (TRITON_DEVICES, gated_linear_attention, kernel_error, linear_attention, mapped_linear_attention,
                    triton_error)
-from ..precision import autocast, resolve_precisions
+from ..precision import FLOAT_PRECISIONS, autocast, resolve_precisions
 from .progress import Progress
 from .report import markdown_table, machine
 from .timing import backward_over_forward, median_ms, sync
@@ -250,7 +250,7 @@ def run_train_step(c, device, out_dir=None):
     up as imagegen-train sets it; with out_dir, the plan first and rows written as they come."""
     if device.type == "cpu":
         keep_freed_memory()
-    precisions, note = resolve_precisions(c["train_precisions"], device, "train_precisions")
+    precisions, note = resolve_precisions(c["train_precisions"], device, "train_precisions", FLOAT_PRECISIONS)
     if note:
         print(note)
     specs = c.get("feature_maps") or ["elu"]

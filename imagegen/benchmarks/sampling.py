@@ -12,10 +12,11 @@ bounded sweep and reported at its best; batch 1 gives seconds per image (Table 5
 the step samplers one whole image is also sampled at batch 1 and timed end to end.
 Each method runs in every precision of `sampling_precisions` (float32; bfloat16: the step loops'
 products in bfloat16 with weights converted once, the KV cache float32 except for the method
-softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; see `imagegen.sampling.decode`),
+softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; int8: 8-bit Dense weights, activations
+quantized per call, the state float32, through the Python step loop; see `imagegen.sampling.decode`),
 the precisions in turn at each position, so that a shared machine's changing load reaches both
 and the "x float32" ratio compares like with like. The default [float32, auto] measures bfloat16
-only where it is fast (`imagegen.precision`).
+only where it is fast (`imagegen.precision`), and never int8 (name it: [float32, int8]).
 """
 import time
 
@@ -25,8 +26,8 @@ import torch
 from ..errors import UserError
 from ..memory import check_batch_fits
 from ..model.transformer import build_model
-from ..precision import resolve_precisions
-from ..sampling.decode import draw_step, fill_step, recompute_step
+from ..precision import precision_dtype, resolve_precisions
+from ..sampling.decode import draw_step, fill_step, int8_forward, recompute_step
 from .. import plots
 from .progress import Progress
 from .report import machine, markdown_table
@@ -69,8 +70,9 @@ def step_latency(model, batch, t, reps=3, warmup=2, seed=0, dtype=None):
 def recompute_latency(model, batch, t, reps=1, seed=0, dtype=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, model.length), dtype=torch.uint8, generator=g)
-    recompute_step(model, x, min(t, 16), 1.0, g, dtype)        # warm-up
-    return timed(lambda: recompute_step(model, x, t, 1.0, g, dtype), reps)
+    with int8_forward(model, dtype):                           # int8: quantized once, outside the timing
+        recompute_step(model, x, min(t, 16), 1.0, g, dtype)    # warm-up
+        return timed(lambda: recompute_step(model, x, t, 1.0, g, dtype), reps)
 
 
 @torch.inference_mode()
@@ -165,7 +167,7 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
             todo = []
             for precision in ours:
                 reason = skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch,
-                                     getattr(torch, precision))
+                                     precision_dtype(precision))
                 if reason:
                     print(f"{name}: skipping batch {batch} in {precision} ({reason})")
                 else:
@@ -173,8 +175,8 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
             lat = {p: [] for p in todo}
             for t in positions:                  # the precisions in turn at each position
                 for p in todo:
-                    lat[p].append(latency(model, sampler, batch, t, cfg["reps"], getattr(torch, p)))
-            whole = {p: whole_image_seconds(model, cfg["seed"], getattr(torch, p))
+                    lat[p].append(latency(model, sampler, batch, t, cfg["reps"], precision_dtype(p)))
+            whole = {p: whole_image_seconds(model, cfg["seed"], precision_dtype(p))
                      for p in todo if sampler == "step" and batch == 1}
             lines = []
             for precision in todo:
@@ -183,7 +185,7 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
                     row["whole_image_seconds"] = whole[precision]
                 if name == "linear-recurrent":              # constant work per step: one limit for all positions
                     step = float(np.mean(lat[precision]))
-                    row["limit_share"] = limit_share(model, batch, step, getattr(torch, precision))
+                    row["limit_share"] = limit_share(model, batch, step, precision_dtype(precision))
                 results.append(row)
                 curves[precision][(name, batch)] = lat[precision]
                 lines.append(f"{name:18s} {precision:8s} batch {batch:5d}: {row['images_per_sec']:10.4f} images/s "

@@ -7,7 +7,8 @@ limit (s) = the step's matrix-product FLOPs at the machine's measured GFLOP/s
 share = limit / measured step time: 1.0 would be a step that only multiplies at full speed and
 moves what it must. Both rates are measured once per process, in the thread count in use: the
 products as one (256, D) x (D, 4D) product in the products' dtype (the faster of torch's addmm and
-oneDNN's prepacked product, which decoding may use: `layers.pack`), the bandwidth as a copy of
+oneDNN's prepacked product, which decoding may use: `layers.pack`; int8: fbgemm's, `layers.quantize`,
+its weights counted at 1 byte each), the bandwidth as a copy of
 256 MiB. Shape letters: N batch, D model dim, F feed-forward dim, P head parameters, H heads, E head dim.
 """
 import functools
@@ -15,7 +16,7 @@ import time
 
 import torch
 
-from ..model.layers import Dense, can_pack, dense, prepacked
+from ..model.layers import INT8, Dense, can_pack, dense, prepacked, quantize
 
 
 def best_seconds(fn, reps=5):
@@ -32,9 +33,13 @@ def best_seconds(fn, reps=5):
 def machine_rates(d_model, dtype=torch.float32, threads=None):
     """(FLOP/s of a (256, D) x (D, 4D) product in dtype, bytes/s of a 256 MiB copy) on this CPU;
     threads: part of the cache key (the rates depend on torch's thread count)."""
-    a, b = torch.randn(256, d_model, dtype=dtype), torch.randn(d_model, 4 * d_model, dtype=dtype)
-    seconds = best_seconds(lambda: a @ b)
-    if can_pack(dtype):
+    if dtype == INT8:                 # fbgemm's int8 product, as decoding runs it (`layers.dense`)
+        a, w = torch.randn(256, d_model), quantize(torch.randn(d_model, 4 * d_model), torch.zeros(4 * d_model))
+        seconds = best_seconds(lambda: dense(a, (w, None)))
+    else:
+        a, b = torch.randn(256, d_model, dtype=dtype), torch.randn(d_model, 4 * d_model, dtype=dtype)
+        seconds = best_seconds(lambda: a @ b)
+    if dtype != INT8 and can_pack(dtype):
         packed, bias = prepacked(b, 256), torch.zeros(4 * d_model, dtype=dtype)
         seconds = min(seconds, best_seconds(lambda: dense(a, (packed, bias))))
     flops = 2 * 256 * d_model * 4 * d_model / seconds

@@ -1,8 +1,9 @@
 """imagegen-eval: exact bits/dim of a checkpoint on a split (Hydra app; see conf/eval.yaml).
 
 precision=bfloat16 runs the forward under bfloat16 autocast (products in bfloat16, LayerNorm,
-the attention's sums and the head's log-likelihood in float32); the NLL is summed in float64
-either way."""
+the attention's sums and the head's log-likelihood in float32); precision=int8 (CPU) runs every
+Dense layer with 8-bit weights, activations quantized per call (`layers.int8_weights`), so the
+result is the exact bits/dim of that quantized model; the NLL is summed in float64 either way."""
 import json
 import time
 
@@ -16,6 +17,7 @@ from ..data.sets import load_from_config
 from ..files import write_bytes
 from ..precision import autocast, dtype_name, model_dims, resolve_precision, slow_bf16_note
 from ..bits_per_dim import LN2, total_nll
+from ..sampling.decode import int8_forward
 
 
 def evaluate(cfg, device):
@@ -47,7 +49,7 @@ def evaluate_on(cfg, device, world):
     for draw in range(draws):   # LSH: average the NLL over seeded hash draws
         for attn in lsh:
             attn.eval_seed = cfg["lsh_seed"] + draw
-        with autocast(device, dtype == torch.bfloat16):
+        with autocast(device, dtype == torch.bfloat16), int8_forward(model, dtype):
             nats.append(total_nll(model, x, cfg["batch_size"], device, progress=cfg["progress"] and world.main,
                                   desc=f"{cfg['split']} draw {draw + 1}/{draws}" if lsh else cfg["split"],
                                   world=world, labels=labels))

@@ -9,9 +9,10 @@ Class-conditional models (num_classes C > 0) add a learned class vector to the i
 position, START included (a per-image bias: one token read only at the start would fade as 1/t in
 a linear attention's average); row C of that embedding is "no label", which label dropout trains,
 so one model samples with and without labels (classifier-free guidance, see heads.guided_probs).
-Decoding (`init_state`, `step`) may run its matrix products in bfloat16 with weights converted
-once into the state; the residual stream, LayerNorm, the attention's sums and the head stay
-in the parameters' dtype (float32).
+Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (layers.INT8:
+8-bit weights, activations quantized per call), with weights converted once into the state; the
+residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
+dtype (float32).
 """
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from torch import nn
 from ..attention import make_attention
 from ..config import ModelConfig
 from ..errors import UserError
-from .layers import Dense, dense
+from .layers import INT8, Dense, dense
 from .heads import make_head
 from ..ops import EPS, DecodeHead, DecodeLayer, decode_step
 
@@ -42,11 +43,13 @@ class BlockState:
 class DecodingState:
     """What `PixelTransformer.step` carries: the next position t, a BlockState per block, the class
     vectors (N, D) added at every position (None: unconditional), and, when the whole step runs as
-    one C++ call, the (DecodeLayer list, DecodeHead) that call reads (None otherwise)."""
+    one C++ call, the (DecodeLayer list, DecodeHead) that call reads (None otherwise); head: the
+    output projection's int8 weights for int8 products (None: the parameters')."""
     t: int = 0
     layers: list = field(default_factory=list)
     class_vector: torch.Tensor = None
     kernel: tuple = None
+    head: tuple = None
 
 
 class Block(nn.Module):
@@ -143,11 +146,16 @@ class PixelTransformer(nn.Module):
         """Decoding state for `step`; dtype: that of the blocks' matrix products (None: the
         parameters'; bfloat16 for float32 parameters converts their weights once, here). When every
         layer steps through the fused CPU kernel (linear attention), the whole step runs as one
-        C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state."""
+        C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
+        dtype layers.INT8 (int8 products, quantized here once): every Dense product, the head's
+        included, runs through fbgemm (`layers.dense`), so the step takes the Python module loop, the
+        attention's own C++ step inside it; the one-call C++ step (ops.decode_step) reads plain float
+        or bfloat16 weights only."""
         dtype = dtype or self.proj.weight.dtype
         layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
-        state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device))
-        if whole_model_kernel and all(getattr(s.attn, "form", None) == "fused" for s in layers):
+        state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device),
+                              head=self.proj.cast(dtype, batch) if dtype == INT8 else None)
+        if whole_model_kernel and dtype != INT8 and all(getattr(s.attn, "form", None) == "fused" for s in layers):
             state.kernel = self.kernel_weights(layers)
         return state
 
@@ -177,7 +185,8 @@ class PixelTransformer(nn.Module):
             return decode_step(h, blocks, head, self.blocks[0].attn.n_heads, self.ln_f.eps, EPS), state
         for i, block in enumerate(self.blocks):
             h, state.layers[i] = block.step(h, state.layers[i])
-        return self.proj(self.ln_f(h)), state
+        h = self.ln_f(h)
+        return (self.proj(h) if state.head is None else dense(h, state.head)), state
 
 
 def build_model(model_cfg, info):

@@ -14,8 +14,13 @@ side by side as one batch of 2N (the RNN: two states per image) and draws from
 the bounded guided distribution of `model.heads.guided_probs`.
 `dtype` (precision=bfloat16): the step loop runs the blocks' products in bfloat16 with weights
 converted once into the decoding state (see `PixelTransformer.init_state`); the recompute loop
-runs model.forward under bfloat16 autocast. Distribution parameters and the draw stay float32.
+runs model.forward under bfloat16 autocast. `dtype` layers.INT8 (precision=int8, CPU): every Dense
+product in int8 (8-bit weights quantized once, activations per call): the step loop through the
+Python module loop (not the one-call C++ step), the recompute loop's forward inside
+`layers.int8_weights`. Distribution parameters and the draw stay float32.
 """
+from contextlib import nullcontext
+
 import math
 
 import numpy as np
@@ -28,6 +33,7 @@ from ..config import check_sampling
 from ..errors import UserError
 from ..model.heads import sample as draw
 from ..memory import check_batch_fits
+from ..model.layers import INT8, int8_weights
 from ..model.transformer import START
 from ..precision import autocast
 
@@ -76,10 +82,10 @@ def split_draw(model, params, n, guide, temperature, generator, uniforms=None, g
 
 def recompute_step(model, x, t, temperature, generator, dtype=None, labels=None, guidance=1.0):
     """One step of the recompute loop: the prefix x[:, :t] through model.forward (bfloat16 autocast
-    for dtype=bfloat16), then a draw for x[:, t]."""
+    for dtype=bfloat16, int8 Dense products for layers.INT8), then a draw for x[:, t]."""
     guide = guided(model, labels, guidance)
     prefix = x[:, :t + 1].repeat(2, 1) if guide else x[:, :t + 1]
-    with autocast(x.device, dtype == torch.bfloat16):
+    with autocast(x.device, dtype == torch.bfloat16), int8_forward(model, dtype):
         params = model(prefix, branches(labels, guide))[:, t]
     return split_draw(model, params.float(), len(x), guide, temperature, generator, guidance=guidance)
 
@@ -109,11 +115,17 @@ def fill_step(model, x, start, temperature, generator, on_step=None, dtype=None,
 @torch.inference_mode()
 def fill_recompute(model, x, start, temperature, generator, on_step=None, dtype=None, labels=None, guidance=1.0):
     """Sample x[:, start:] in place, recomputing the prefix with model.forward at every step."""
-    for t in range(start, x.shape[1]):
-        x[:, t] = recompute_step(model, x, t, temperature, generator, dtype, labels, guidance)
-        if on_step:
-            on_step(t)
+    with int8_forward(model, dtype):                 # int8: the weights quantized once for every step
+        for t in range(start, x.shape[1]):
+            x[:, t] = recompute_step(model, x, t, temperature, generator, dtype, labels, guidance)
+            if on_step:
+                on_step(t)
     return x
+
+
+def int8_forward(model, dtype):
+    """A context running model.forward's Dense products in int8 for dtype layers.INT8, else a no-op."""
+    return int8_weights(model) if dtype == INT8 else nullcontext()
 
 
 def check_labels(model, labels, n):
@@ -136,7 +148,8 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
              progress=False, desc="sampling", dtype=None, uniforms=None, labels=None, guidance=1.0):
     """n images as (n, D) uint8. prefix (n, P) uint8, if given, is kept and the rest sampled.
     labels: one class or n of them (-1: none) for a class-conditional model; guidance: see the module docstring.
-    dtype: None (the parameters'), float32 or bfloat16: the matrix products' (see the module docstring).
+    dtype: None (the parameters'), float32, bfloat16 or layers.INT8: the matrix products' (see the module
+    docstring).
     uniforms (n, D) in [0, 1), if given, replace the seeded draws (step sampler only): image i
     at position t takes uniforms[i, t], which lets another implementation reproduce the bytes."""
     check_sampling(batch_size=batch_size, temperature=temperature, guidance=guidance)

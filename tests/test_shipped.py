@@ -135,3 +135,14 @@ def test_names_resolve_to_shipped_models_and_outputs_stay_out_of_the_package(run
     assert Image.open("five.png").size == (3 * 30 + 2, 2 * 30 + 2)
     run_sample({**cfg, "mode": "complete", "out": "complete.png"}, torch.device("cpu"))
     assert list(package.iterdir()) and not list(package.glob("*.png"))
+
+
+def test_no_shipped_config_names_a_path_of_the_machine_that_made_it():
+    """The shipped .json files travel to every user: no absolute path (a data root, a run's source) in them."""
+    for path in Path(imagegen.__file__).parent.parent.joinpath("checkpoints").glob("*.json"):
+        def strings(v):
+            if isinstance(v, dict):
+                return [s for x in v.values() for s in strings(x)]
+            return [s for x in v for s in strings(x)] if isinstance(v, list) else [v] if isinstance(v, str) else []
+        absolute = [s for s in strings(json.loads(path.read_text())) if s.startswith(("/", "~")) or ":\\" in s]
+        assert not absolute, f"{path.name} holds {absolute}"

@@ -25,7 +25,9 @@ def convert(cfg, device):
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
     state = ck.get("state", {})
-    record = {"source": str(path), "step": state.get("step"), "minutes": round(state.get("elapsed", 0) / 60, 1),
+    # source: the run's folder and file, not this machine's path (the record ships with the model)
+    record = {"source": f"{path.parent.name}/{path.name}", "step": state.get("step"),
+              "minutes": round(state.get("elapsed", 0) / 60, 1),
               "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
               "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"]}
     data = {**ck["config"]["data"], **{k: v for k, v in (cfg.get("data") or {}).items() if v is not None}}

@@ -12,7 +12,7 @@ const api = window.imagegen = {
   /** Sample: opts {n, seed, temperature, uniforms (n*L numbers in [0, 1), image-major, or null), prefix
    * (one list of bytes kept in every image, or n lists), labels (class-conditional models: one class
    * number for every image, or n of them, -1 = none; null/absent = unconditional), guidance (G, default
-   * 1), recordParams, cols}. row/rows count the image rows sampled (a completion: the hidden ones only).
+   * 1), recordParams, cols, rowNames}. row/rows count the image rows sampled (a completion: the hidden ones only).
    * Resolves to {bytes (n lists of L bytes), params (Float32Array n*L*P, zeros over the prefix, or null),
    * msPerStep}. */
   run: (opts) => start(opts),
@@ -45,8 +45,20 @@ function tileOrigin(i) {
   return [PAD + (i % grid.cols) * (W + PAD), PAD + Math.floor(i / grid.cols) * (H + PAD)];
 }
 
-function setupGrid(tiles, cols) {
+/** rowNames (one per grid row, or null): a column of names left of the grid, each centred on its row. */
+function setupGrid(tiles, cols, rowNames = null) {
   const {width: W, height: H} = config, canvas = $("grid");
+  if (rowNames) {
+    const column = $("rowNames");
+    column.hidden = false;
+    column.style.paddingTop = PAD * SCALE / 2 + "px";
+    for (const name of rowNames) {
+      const cell = document.createElement("div");
+      cell.textContent = name;
+      cell.style.height = cell.style.lineHeight = (H + PAD) * SCALE + "px";
+      column.append(cell);
+    }
+  }
   grid = {cols, tiles, ctx: canvas.getContext("2d")};
   canvas.hidden = false;
   canvas.width = PAD + cols * (W + PAD);
@@ -60,6 +72,8 @@ function setupGrid(tiles, cols) {
 /** Remove the grid (and the given input beside it) from the page, as when the mode changes. */
 function clearGrid() {
   for (const id of ["grid", "given"]) { const c = $(id); c.width = c.height = 0; c.hidden = true; }
+  $("rowNames").replaceChildren();
+  $("rowNames").hidden = true;
   grid = null;
 }
 
@@ -125,7 +139,7 @@ function start(opts = {}) {
   images = Array.from({length: n}, () => new Uint8Array(L));
   startAt = start;
   clearGrid();
-  setupGrid(n, Math.max(1, Math.min(n, opts.cols ?? Math.ceil(Math.sqrt(n)))));
+  setupGrid(n, Math.max(1, Math.min(n, opts.cols ?? Math.ceil(Math.sqrt(n)))), opts.rowNames ?? null);
   if (prefix && opts.showInput !== false) showGiven(prefix.subarray(0, start));
   for (let r = 0; r < n; r++) { images[r].set(prefix ? prefix.subarray(r * start, (r + 1) * start) : []); if (start) paint(r, images[r], 0, start); }
   const rows = Math.ceil((L - start) / (config.width * config.channels));
@@ -212,9 +226,21 @@ function setupPad() {
     thumb.width = W; thumb.height = H; thumb.style.width = 2 * W + "px";
     for (let p = 0; p < W * H; p++) { for (let c = 0; c < 3; c++) img.data[4 * p + c] = ex[p * C + (C === 1 ? 0 : c)]; img.data[4 * p + 3] = 255; }
     ctx.putImageData(img, 0, 0);
-    thumb.onclick = () => { padBytes.set(ex); drawPad(); };
+    thumb.onclick = () => pickExample(examples.indexOf(ex));
     $("examples").appendChild(thumb);
   });
+}
+
+/** Put test image i on the pad and, for a class-conditional model, choose its own class (its top half is
+ * completed as the digit it is, not as the class picked before). */
+function pickExample(i) {
+  padBytes.set(examples[i]);
+  drawPad();
+  const y = (config.example_labels || [])[i];
+  if (config.num_classes && Number.isInteger(y) && y >= 0 && y < config.num_classes) {
+    $("label").value = String(y);
+    $("label").dispatchEvent(new Event("change"));
+  }
 }
 
 // ---------------------------------------------------------------- controls
@@ -227,7 +253,8 @@ function fromControls() {
     opts.guidance = +$("guidance").value;
     if (label === "rows") {             // one row per class: ceil(n / C) images of each class
       const per = Math.max(1, Math.ceil(opts.n / C));
-      Object.assign(opts, {n: per * C, cols: per, labels: Array.from({length: per * C}, (_, i) => Math.floor(i / per))});
+      Object.assign(opts, {n: per * C, cols: per, labels: Array.from({length: per * C}, (_, i) => Math.floor(i / per)),
+                           rowNames: classNames(config)});
     } else {
       opts.labels = +label;
     }
@@ -235,12 +262,19 @@ function fromControls() {
   start(opts).catch((e) => { if (!/cancelled/.test(e.message)) fail(e.message); });
 }
 
-/** The class picker (class-conditional models only): any (unconditional), each class, one row per class. */
+/** The model's class names (its numbers where config.json names none). */
+function classNames(cfg) {
+  const C = cfg.num_classes || 0;
+  return cfg.class_names && cfg.class_names.length === C ? cfg.class_names : Array.from({length: C}, (_, i) => String(i));
+}
+
+/** The class picker (class-conditional models only): any (unconditional), each class, one row per class
+ * (the choice it opens on, with the model's guidance). */
 function setupClasses(cfg) {
   const C = cfg.num_classes || 0;
   $("classView").hidden = !C;
   if (!C) return;
-  const names = cfg.class_names && cfg.class_names.length === C ? cfg.class_names : Array.from({length: C}, (_, i) => String(i));
+  const names = classNames(cfg);
   const options = [["any", "any (unconditional)"], ...names.map((name, i) => [String(i), `${i}: ${name}`]),
                    ["rows", "one row per class"]];
   for (const [value, text] of options) {
@@ -251,6 +285,7 @@ function setupClasses(cfg) {
   $("guidance").value = cfg.guidance ?? 1;
   const sync = () => { $("guidance").disabled = $("label").value === "any"; };
   $("label").onchange = sync;
+  $("label").value = "rows";
   if (query.has("label")) $("label").value = query.get("label");
   if (query.has("guidance")) $("guidance").value = query.get("guidance");
   sync();
@@ -281,7 +316,8 @@ async function ready(cfg) {
   document.querySelectorAll("input[name=mode]").forEach((el) => el.onchange = switchMode);
   $("completeView").hidden = mode() !== "complete";
   $("go").textContent = mode() === "complete" ? "complete" : "sample";
-  if (mode() === "complete" && examples) padBytes.set(examples[0]), drawPad();
+  if (mode() === "complete" && examples && !query.has("label")) pickExample(0);
+  else if (mode() === "complete" && examples) padBytes.set(examples[0]), drawPad();
   $("go").onclick = fromControls;
   api.status = "ready";
   $("stats").textContent = "ready";

@@ -416,15 +416,20 @@ export function headProbs(config, params, off) {
 }
 
 const TINY = 2 ** -126;   // float32's smallest normal, where heads.guided_probs clamps
+const GUIDANCE_BOUND = 0.5;   // heads.GUIDANCE_BOUND: above G = 1 the log-ratio is clamped to [-B, B]
 
 /** p (256) to draw from, as imagegen.model.heads.sample: the head's probabilities at params[off..],
- * with classifier-free guidance (offUncond: the unconditional branch's parameters, or -1) p_c^G
- * p_u^(1-G) normalised, then sharpened as p^(1/temperature). */
+ * with classifier-free guidance G (offUncond: the unconditional branch's parameters, or -1) as
+ * heads.guided_probs: log p_c + (G - 1) (log p_c - log p_u), the log-ratio clamped to
+ * [-B, B] when G > 1, normalised; then sharpened as p^(1/temperature). */
 export function probs(config, params, off, temperature, offUncond = -1, guidance = 1) {
   let p = headProbs(config, params, off);
   if (offUncond >= 0 && guidance !== 1) {
-    const pu = headProbs(config, params, offUncond);
-    for (let i = 0; i < 256; i++) p[i] = guidance * Math.log(Math.max(p[i], TINY)) + (1 - guidance) * Math.log(Math.max(pu[i], TINY));
+    const pu = headProbs(config, params, offUncond), bound = guidance > 1 ? GUIDANCE_BOUND : Infinity;
+    for (let i = 0; i < 256; i++) {
+      const logC = Math.log(Math.max(p[i], TINY)), ratio = logC - Math.log(Math.max(pu[i], TINY));
+      p[i] = logC + (guidance - 1) * Math.min(Math.max(ratio, -bound), bound);
+    }
     p = softmax(p);
   }
   if (temperature !== 1) {

@@ -44,3 +44,34 @@ def cifar_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("cifar")
     write_cifar(root)
     return root
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (small products: torch's OpenMP team waits out a busy core many times
+    over); a module opts in with pytestmark = pytest.mark.usefixtures("one_thread")."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Debian Chromium driven by Playwright (skipped where missing, failed instead when
+    IMAGEGEN_REQUIRE_BROWSER is set, as in CI)."""
+    from imagegen.benchmarks.browser import CHROMIUM, FLAGS
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if sync_playwright is None or not os.path.exists(CHROMIUM):
+        why = f"{CHROMIUM} or the playwright package is missing (apt-get install chromium; pip install -e .[dev])"
+        if os.environ.get("IMAGEGEN_REQUIRE_BROWSER"):
+            pytest.fail(why + ", and IMAGEGEN_REQUIRE_BROWSER is set")
+        pytest.skip(why)
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("chromium-profile")),
+                                                       executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield context
+        context.close()

@@ -7,7 +7,6 @@ import base64
 import contextlib
 import io
 import json
-import os
 from urllib.parse import urlparse
 
 import numpy as np
@@ -17,7 +16,7 @@ from PIL import Image
 
 from commands import call, one_line_error
 from imagegen.store import checkpoint
-from imagegen.benchmarks.browser import CHROMIUM, FLAGS, serve as serve_folder
+from imagegen.benchmarks.browser import serve as serve_folder
 from imagegen.data.sets import dataset_info
 from imagegen.errors import UserError
 from imagegen.commands.export import export
@@ -25,6 +24,8 @@ from imagegen.web.site import WEB_DIR, safetensors_bytes
 from imagegen.model.transformer import START, build_model
 from imagegen.model.heads import guided_probs
 from imagegen.sampling.decode import branches, generate, guided
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MARGIN = 1e-5   # uniforms closer than this (as a share of the total mass) to a CDF edge are moved
 
@@ -89,32 +90,7 @@ def safe_uniforms(model, u, temperature=1.0, prefix=None, labels=None, guidance=
     return u, x.to(torch.uint8), moved / (N * (L - start))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The Python reference runs ~800-3000 tiny steps: one thread avoids waiting on busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ---------------------------------------------------------------- the browser
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    if sync_playwright is None or not os.path.exists(CHROMIUM):
-        why = f"{CHROMIUM} or the playwright package is missing (apt-get install chromium; pip install -e .[dev])"
-        if os.environ.get("IMAGEGEN_REQUIRE_BROWSER"):
-            pytest.fail(why + ", and IMAGEGEN_REQUIRE_BROWSER is set")
-        pytest.skip(why)
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("chromium-profile")),
-                                                       executable_path=CHROMIUM, headless=True, args=FLAGS)
-        yield context
-        context.close()
 
 
 @pytest.fixture

@@ -18,16 +18,9 @@ from commands import TINY, one_line_error, run
 from test_precision import decode_params, scaled_model
 
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(can_int8() is not None, reason=f"no int8 products here: {can_int8()}")
+pytestmark = [pytest.mark.skipif(can_int8() is not None, reason=f"no int8 products here: {can_int8()}"),
+              pytest.mark.usefixtures("one_thread")]
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small products: one thread (torch's OpenMP team waits out a busy core many times over)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 # Tolerance of one int8 product, stated: the error's norm under 2% of the float32 output's norm
 # (3% where activations are quantized to 7 bits, CPUs without VNNI), and no output off by more than

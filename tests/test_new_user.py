@@ -18,16 +18,10 @@ from imagegen.data.catalogue import DATASETS
 from imagegen.model.transformer import build_model
 from imagegen.store import checkpoint
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 MODEL = {"attention": "linear", "attention_options": {"impl": "chunked"}, "n_layers": 1, "d_model": 16,
          "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 10, "dropout": 0.0, "num_classes": 10}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run_checkpoint(path, data_root):
@@ -185,24 +179,6 @@ def test_a_typo_in_a_dotted_key_gets_a_suggestion(typo, option):
 
 
 # ---------------------------------------------------------------- 6. the demo page
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    """Headless Chromium as tests/test_export.py drives it (skipped where missing unless IMAGEGEN_REQUIRE_BROWSER)."""
-    from imagegen.benchmarks.browser import CHROMIUM, FLAGS
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    if sync_playwright is None or not os.path.exists(CHROMIUM):
-        why = f"{CHROMIUM} or the playwright package is missing (apt-get install chromium; pip install -e .[dev])"
-        if os.environ.get("IMAGEGEN_REQUIRE_BROWSER"):
-            pytest.fail(why + ", and IMAGEGEN_REQUIRE_BROWSER is set")
-        pytest.skip(why)
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("chromium-profile")),
-                                                       executable_path=CHROMIUM, headless=True, args=FLAGS)
-        yield context
-        context.close()
 
 
 @pytest.mark.slow

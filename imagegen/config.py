@@ -126,7 +126,7 @@ class TrainConfig:
 class CheckpointCommand:
     """What eval and sample share: a checkpoint, where to run, and a dataset override."""
     checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train, a .safetensors model (with its .json) "
-                                   "or the name of a shipped model (mnist-linear)")
+                                   "or the name of a shipped model (mnist-linear, cifar10-linear)")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N")
     threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     progress: bool = opt(True, "show a progress bar")

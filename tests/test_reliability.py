@@ -263,7 +263,7 @@ def test_unwritable_run_dir_is_one_sentence(mnist_root, tmp_path):
     ("imagegen-sample", ["checkpoint=x.pt", "batch_size=0"], "batch_size must be a positive number, got 0"),
     ("imagegen-sample", ["model=softmax"], "imagegen-sample takes no model=..."),
     ("imagegen-eval", [], "imagegen-eval needs checkpoint=..."),     # imagegen-sample has a default: mnist-linear
-    ("imagegen-sample", ["checkpoint=no-such-model"], "or the name of a shipped model (mnist-linear)"),
+    ("imagegen-sample", ["checkpoint=no-such-model"], "or the name of a shipped model (cifar10-linear, mnist-linear)"),
     ("imagegen-eval", ["checkpoint=x.pt", "batch_size=0"], "batch_size must be a positive number, got 0"),
     ("imagegen-eval", ["checkpoint=x.pt", "max_images=0"], "max_images must be a positive number, got 0"),
     ("imagegen-bench", ["mode=sampling", "preset=small", "methods=[softmax-kv-cache]", "step_batches=[64]",

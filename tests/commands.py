@@ -51,3 +51,16 @@ def one_line_error(proc, pattern):
     err = proc.stderr.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert pattern in err, err
+
+
+def eval_at(checkpoint, precision):
+    """imagegen-eval of checkpoint (a .pt) at `precision` -> its bits/dim; its output and the JSON it
+    writes beside the checkpoint name that precision."""
+    import json
+    from pathlib import Path
+
+    proc = run("imagegen-eval", f"checkpoint={checkpoint}", f"precision={precision}", "progress=false", "threads=1")
+    assert precision in proc.stdout
+    result = json.loads(Path(checkpoint).with_name(Path(checkpoint).stem + ".test.json").read_text())
+    assert result["precision"] == precision
+    return result["bits_per_dim"]

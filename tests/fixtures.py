@@ -6,6 +6,9 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from imagegen.model.transformer import PixelTransformer
 
 
 def idx_bytes(array):
@@ -193,3 +196,30 @@ def skip_without_cpu_kernel(why):
     if os.environ.get("IMAGEGEN_REQUIRE_KERNEL") == "1":
         pytest.fail(f"{why}, and IMAGEGEN_REQUIRE_KERNEL=1 requires it")
     pytest.skip(why)
+
+
+def scaled_model(attention, length=300, impl="auto", seed=0, d_model=64):
+    """A small model whose weights are scaled up from the 0.02 init so that its activations and
+    distribution parameters are O(1), as in a trained model, rather than near zero."""
+    torch.manual_seed(seed)
+    options = {"impl": impl} if attention == "linear" else {}
+    model = PixelTransformer(length, 1, 20, attention, n_layers=3, d_model=d_model, n_heads=4, d_ff=128, head="mixture",
+                             attention_options=options).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("weight") and p.dim() == 2 and not name.startswith(("tok", "row", "col", "chan")):
+                p.mul_(4.0)                     # std 0.08 for the Dense layers
+    return model
+
+
+def decode_params(model, x, dtype, whole_model_kernel=True):
+    """Distribution parameters (L, N, P) of teacher-forced decoding over x (N, L)."""
+    N, L = x.shape
+    state = model.init_state(N, torch.device("cpu"), dtype, whole_model_kernel=whole_model_kernel)
+    token, out = torch.full((N,), 256), []
+    with torch.inference_mode():
+        for t in range(L):
+            params, state = model.step(token, state)
+            out.append(params)
+            token = x[:, t]
+    return torch.stack(out), state

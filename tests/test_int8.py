@@ -2,7 +2,6 @@
 quantized linear, against float32: one product, teacher-forced decoding, sampling end to end
 (the module function, the Python API, imagegen-sample), the sampling benchmark, and imagegen-eval's
 bits/dim of the quantized model."""
-import json
 import warnings
 
 import numpy as np
@@ -14,8 +13,8 @@ from imagegen import precision
 from imagegen.errors import UserError
 from imagegen.model.layers import INT8, Dense, can_int8, dense, int8_reduce_range, int8_weights
 from imagegen.sampling.decode import generate
-from commands import TINY, one_line_error, run
-from test_precision import decode_params, scaled_model
+from commands import TINY, eval_at, one_line_error, run
+from fixtures import decode_params, scaled_model
 
 CPU = torch.device("cpu")
 pytestmark = [pytest.mark.skipif(can_int8() is not None, reason=f"no int8 products here: {can_int8()}"),
@@ -140,14 +139,7 @@ def test_eval_and_sample_at_int8(mnist_root, tmp_path):
     model trained a few steps (within 0.02; observed 0.00008), not equal to it; imagegen-sample
     precision=int8 writes its grid."""
     run("imagegen-train", f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=6", *TINY)
-    bpd = {}
-    for p in ("float32", "int8"):
-        proc = run("imagegen-eval", f"checkpoint={tmp_path / 'last.pt'}", f"precision={p}", "progress=false",
-                   "threads=1")
-        assert p in proc.stdout
-        result = json.loads((tmp_path / "last.test.json").read_text())
-        assert result["precision"] == p
-        bpd[p] = result["bits_per_dim"]
+    bpd = {p: eval_at(tmp_path / "last.pt", p) for p in ("float32", "int8")}
     assert abs(bpd["int8"] - bpd["float32"]) < 0.02 and bpd["int8"] != bpd["float32"]
     one_line_error(run("imagegen-eval", f"checkpoint={tmp_path / 'last.pt'}", "precision=int4", check=False),
                    "precision must be one of float32, bfloat16, auto, int8")

@@ -1,7 +1,6 @@
 """bfloat16 where the hardware is fast at it: the capability rule, bfloat16 decoding against float32
 decoding (the one-call C++ step and the per-module loop, linear and softmax), and imagegen-eval's
 precision option."""
-import json
 
 import pytest
 import torch
@@ -9,9 +8,8 @@ import torch
 from imagegen import precision
 from imagegen.errors import UserError
 from imagegen.model.layers import PACK_MIN_ROWS, can_pack, dense, pack, panel_width, panels
-from imagegen.model.transformer import PixelTransformer
-from commands import TINY, one_line_error, run
-from fixtures import skip_without_cpu_kernel
+from commands import TINY, eval_at, one_line_error, run
+from fixtures import decode_params, scaled_model, skip_without_cpu_kernel
 
 CPU = torch.device("cpu")
 
@@ -89,33 +87,6 @@ def test_cpuinfo_parser_reads_the_flags_line(tmp_path):
 def test_bad_precision_is_one_sentence():
     with pytest.raises(UserError, match="precision must be one of float32, bfloat16, auto, int8, not 'half'"):
         precision.resolve_precision("half", CPU)
-
-
-def scaled_model(attention, length=300, impl="auto", seed=0, d_model=64):
-    """A small model whose weights are scaled up from the 0.02 init so that its activations and
-    distribution parameters are O(1), as in a trained model, rather than near zero."""
-    torch.manual_seed(seed)
-    options = {"impl": impl} if attention == "linear" else {}
-    model = PixelTransformer(length, 1, 20, attention, n_layers=3, d_model=d_model, n_heads=4, d_ff=128, head="mixture",
-                             attention_options=options).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("weight") and p.dim() == 2 and not name.startswith(("tok", "row", "col", "chan")):
-                p.mul_(4.0)                     # std 0.08 for the Dense layers
-    return model
-
-
-def decode_params(model, x, dtype, whole_model_kernel=True):
-    """Distribution parameters (L, N, P) of teacher-forced decoding over x (N, L)."""
-    N, L = x.shape
-    state = model.init_state(N, CPU, dtype, whole_model_kernel=whole_model_kernel)
-    token, out = torch.full((N,), 256), []
-    with torch.inference_mode():
-        for t in range(L):
-            params, state = model.step(token, state)
-            out.append(params)
-            token = x[:, t]
-    return torch.stack(out), state
 
 
 # Tolerance of bfloat16 decoding, stated: over 300 steps, every distribution parameter within
@@ -199,14 +170,7 @@ def test_float32_state_uses_the_parameters_themselves():
 @pytest.mark.slow
 def test_eval_precision_option(mnist_root, tmp_path):
     run("imagegen-train", f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=3", *TINY)
-    bpd = {}
-    for p in ("float32", "bfloat16"):
-        proc = run("imagegen-eval", f"checkpoint={tmp_path / 'last.pt'}", f"precision={p}", "progress=false",
-                   "threads=1")
-        assert p in proc.stdout
-        result = json.loads((tmp_path / "last.test.json").read_text())
-        assert result["precision"] == p
-        bpd[p] = result["bits_per_dim"]
+    bpd = {p: eval_at(tmp_path / "last.pt", p) for p in ("float32", "bfloat16")}
     assert abs(bpd["bfloat16"] - bpd["float32"]) < 0.02 and bpd["bfloat16"] != bpd["float32"]
     one_line_error(run("imagegen-eval", f"checkpoint={tmp_path / 'last.pt'}", "precision=half", check=False),
                    "precision must be one of float32, bfloat16, auto")

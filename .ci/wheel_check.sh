@@ -26,7 +26,7 @@ cd "$work"
 import sys
 import imagegen
 from imagegen.commands.cli import CONF_DIR
-from imagegen.ops.kernel import CSRC
+from imagegen.ops.build import CSRC
 for name, path in (("package", imagegen.__file__), ("conf", CONF_DIR), ("csrc", CSRC)):
     assert str(path).startswith(sys.argv[1]), f"{name} comes from {path}, not from the installed wheel"
     print(f"wheel_check: {name} at {path}")

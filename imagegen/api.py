@@ -19,13 +19,14 @@ import time
 import numpy as np
 import torch
 
-from . import threads as _threads
+from .tuning import threads as _threads
 from .store import checkpoint, shipped
 from .data.sets import dataset_info, load_from_config
 from .config import check_classes, check_sampling
 from .errors import UserError
 from .memory import check_images_fit
-from .precision import model_dims, resolve_precision
+from .model.transformer import model_dims
+from .precision import resolve_precision
 from .sampling.decode import generate, grid, resolve_sampler, to_images
 from .bits_per_dim import bits_per_dim
 

@@ -4,7 +4,7 @@ import math
 import torch
 from tqdm import tqdm
 
-from .training.distributed import World, sum_
+from .world import World, sum_
 
 LN2 = math.log(2)
 

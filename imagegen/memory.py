@@ -1,24 +1,9 @@
 """Memory bounds: what a device has free, and what sampling a batch would take, checked before
 the work starts so that a batch that cannot fit gets one sentence instead of a swap storm."""
-import os
-
 import torch
 
 from .errors import UserError
-
-
-def available_bytes(device):
-    """Free memory of `device`: the GPU's free bytes, or the system's MemAvailable for the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+from .tuning.machine import available_bytes
 
 
 def sampling_bytes(model, batch, sampler, bytes_per_value=4):

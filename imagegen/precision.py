@@ -1,95 +1,35 @@
-"""bfloat16 where it measures faster: training autocast, sampling and evaluation.
+"""The precision products run in: bfloat16 where it measures faster (training autocast, sampling and
+evaluation), int8 for sampling and evaluation where asked.
 
 Training (train.bf16): matrix products run in bfloat16 (float32 accumulation); parameters,
 optimizer state, the linear attention's sums (`imagegen.ops.linear_attention`) and the loss stay
 float32. Sampling and evaluation (precision=float32|bfloat16|auto|int8): see `resolve_precision`.
 int8 (sampling and evaluation on the CPU, never chosen by auto): the Dense products with 8-bit
-weights, see `imagegen.model.layers` (`INT8`, `quantize`).
+weights, see `imagegen.ops.int8`.
 
-"Fast here" is decided by capability, never by vendor: a CUDA device that supports bfloat16, or a
-CPU with AMX tiles or AVX512-BF16 (torch's CPU report, else the /proc/cpuinfo flags `amx_bf16`,
-`avx512_bf16`). Measured on an AMD EPYC (family 25 model 17, AVX512-BF16, no AMX), 2 threads: a
-49152 x 256 x 1024 product takes 68 ms in bfloat16 against 211 ms in float32; on a Xeon with AMX
-45 against 162 ms. Without either, bfloat16 products are emulated: on an AMD EPYC with AVX2 only
-(family 25 model 1), 23.2 s against 235 ms (99x), and 109 against 1.3 ms at the decoding step's
-256 x 256 x 1024 (throwaway script, 2 threads, best of 5). So the flags rule never picks bfloat16 there,
-asking for it says so (`slow_bf16_note`), and the benchmarks measure it only when named.
-
-But a flag does not say how fast a product runs: an AVX512-BF16 Xeon (family 6 model 207) multiplies
-bfloat16 slower than float32 (issue 22). So on the CPU `auto` decides by measurement where the caller
-names the shapes (`auto_bf16`): the products the path really runs, timed once per machine in float32
-and in bfloat16 by `imagegen.probe` (training: autocast Dense products forward and backward; evaluation:
-forward; sampling: the decoding step's products at the batch in use, prepacked or through the C++
-step's own loop, as the sampler runs them), cached in the user's cache folder, bfloat16 only when it is
-`probe.MARGIN` times faster. IMAGEGEN_PRECISION_PROBE=0 (or IMAGEGEN_PROBE=0) falls back to the flags
-rule. CUDA keeps its rule.
+A flag does not say how fast a product runs (an AVX512-BF16 Xeon multiplies bfloat16 slower than
+float32; without AVX512-BF16 or AMX bfloat16 products are emulated, many times slower). So on the
+CPU `auto` decides by measurement where the caller names the shapes (`auto_bf16`): the products the
+path really runs, timed once per machine in float32 and in bfloat16 through `imagegen.tuning.probe`
+(training: autocast Dense products forward and backward; evaluation: forward; sampling: the decoding
+step's products at the batch in use, prepacked or through the C++ step's own loop, as the sampler
+runs them), bfloat16 only when it is `probe.MARGIN` times faster. IMAGEGEN_PRECISION_PROBE=0 (or
+IMAGEGEN_PROBE=0) falls back to the capability rule (`tuning.machine.fast_bf16`); CUDA keeps that
+rule. Measured figures: docs/speed.md.
 """
-from contextlib import nullcontext
-from functools import lru_cache
-
 import torch
 
-from . import probe
+from .dtypes import INT8, autocast, dtype_name
 from .errors import UserError
+from .ops.build import kernel_error, load_kernel
+from .ops.dense import dense
+from .ops.int8 import can_int8
+from .ops.layout import PACK_MIN_ROWS, pack
+from .tuning import probe
+from .tuning.machine import fast_bf16
 
 PRECISIONS = ("float32", "bfloat16", "auto", "int8")
 FLOAT_PRECISIONS = PRECISIONS[:3]      # training's: int8 is for sampling and evaluation only
-
-
-def _torch_flag(name):
-    fn = getattr(torch.cpu, name, None)            # private, so looked up with care
-    try:
-        return None if fn is None else bool(fn())
-    except Exception:                               # noqa: BLE001  (a broken probe is an unknown, not a crash)
-        return None
-
-
-def _cpuinfo_flags(path="/proc/cpuinfo"):
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-@lru_cache(maxsize=None)
-def cpu_bf16_report():
-    """{'amx': bool, 'avx512_bf16': bool}: what this CPU offers for bfloat16 products, from torch's
-    CPU capability probes, falling back to the /proc/cpuinfo flags where torch has none."""
-    flags = None
-    report = {}
-    for key, check, flag in (("amx", "_is_amx_tile_supported", "amx_bf16"),
-                             ("avx512_bf16", "_is_avx512_bf16_supported", "avx512_bf16")):
-        found = _torch_flag(check)
-        if found is None:
-            flags = _cpuinfo_flags() if flags is None else flags
-            found = flag in flags
-        report[key] = found
-    return report
-
-
-def fast_bf16(device, report=None):
-    """(fast, reason): whether bfloat16 products are fast on `device`, and a few words why.
-    report: a `cpu_bf16_report`-shaped dict (tests pass a mocked one)."""
-    if device.type == "cuda":
-        ok = torch.cuda.is_bf16_supported()
-        return ok, "CUDA device with bfloat16" if ok else "CUDA device without bfloat16 support"
-    if device.type != "cpu":
-        return False, f"no bfloat16 rule for device type {device.type}"
-    report = cpu_bf16_report() if report is None else report
-    if report.get("amx"):
-        return True, "CPU has AMX tiles"
-    if report.get("avx512_bf16"):
-        return True, "CPU has AVX512-BF16"
-    return False, "CPU has neither AMX nor AVX512-BF16"
-
-
-def has_fast_bf16(device):
-    """CUDA devices that support bfloat16, and CPUs with AMX tiles or AVX512-BF16."""
-    return fast_bf16(device)[0]
 
 
 PROBE_ROWS = 128       # rows of the training probe's products (the ratio, not the size, is what counts)
@@ -116,13 +56,11 @@ def train_products(d_model, d_ff, backward=True):
 
 def decode_products(batch, d_model, d_ff):
     """A probe's measure() for sampling: one decoding step's products at `batch` rows (D -> 3D, D -> D,
-    D -> F, F -> D) as the sampler runs them: float32 (addmm, prepacked or in panels where `layers.pack`
-    finds that faster), against bfloat16 weights prepacked for the batch (`layers.pack`) or, below
+    D -> F, F -> D) as the sampler runs them: float32 (addmm, prepacked or in panels where `layout.pack`
+    finds that faster), against bfloat16 weights prepacked for the batch (`layout.pack`) or, below
     PACK_MIN_ROWS rows, the C++ step's own loop; below PACK_MIN_ROWS, where the C++ step is built,
     both through its decode_linear, as the step calls them."""
     def measure():
-        from .model.layers import PACK_MIN_ROWS, dense, pack
-        from .ops.kernel import kernel_error, load_kernel
         g = torch.Generator().manual_seed(0)
         shapes = [(d_model, 3 * d_model), (d_model, d_model), (d_model, d_ff), (d_ff, d_model)]
         plain = [((torch.randn(i, o, generator=g) * 0.02), torch.zeros(o)) for i, o in shapes]
@@ -187,13 +125,12 @@ def slow_bf16_note(dtype, device):
 
 
 def resolve_precision(setting, device, key="precision", dims=None, batch=None, choices=PRECISIONS):
-    """precision=float32|bfloat16|auto|int8 -> torch.float32, torch.bfloat16 or layers.INT8 (torch.qint8:
+    """precision=float32|bfloat16|auto|int8 -> torch.float32, torch.bfloat16 or dtypes.INT8 (torch.qint8:
     int8 Dense products, CPU only); auto: bfloat16 where faster, never int8; dims (d_model, d_ff) and
     batch: the sampler's products to measure, see `auto_bf16`. choices: the settings allowed."""
     if setting not in choices:
         raise UserError(f"{key} must be one of {', '.join(choices)}, not {setting!r}.")
     if setting == "int8":
-        from .model.layers import INT8, can_int8
         if device.type != "cpu":
             raise UserError(f"{key}=int8 runs on the CPU only (torch's fbgemm int8 products); use device=cpu, or "
                             f"float32 or bfloat16 on {device.type}.")
@@ -210,12 +147,6 @@ def precision_reason(setting, device, dims=None, batch=None):
     return f": {auto_bf16(device, dims, batch, backward=False)[1]}" if setting == "auto" else ""
 
 
-def model_dims(model):
-    """(d_model, d_ff) of a PixelTransformer: the shapes of its blocks' products."""
-    ff = model.blocks[0].ff[0].weight               # Dense (d_model, d_ff)
-    return ff.shape[0], ff.shape[1]
-
-
 def resolve_precisions(settings, device, key, choices=PRECISIONS):
     """A benchmark's list of precisions (each one of choices: float32|bfloat16|auto, and int8 for
     sampling) -> (the distinct dtype names to measure, in order; a line saying why bfloat16 is left
@@ -227,18 +158,3 @@ def resolve_precisions(settings, device, key, choices=PRECISIONS):
     if "auto" in settings:
         return names, f"bfloat16 not measured: {fast_bf16(device)[1]} ({key}=[float32,bfloat16] measures it anyway)."
     return names, None
-
-
-def dtype_name(dtype):
-    """torch.float32 -> 'float32'; the int8 products' torch.qint8 -> 'int8' (the precision's name)."""
-    return "int8" if dtype == torch.qint8 else str(dtype).replace("torch.", "")
-
-
-def precision_dtype(name):
-    """A precision's dtype name ('float32', 'bfloat16', 'int8') -> its dtype (`dtype_name` reversed)."""
-    return torch.qint8 if name == "int8" else getattr(torch, name)
-
-
-def autocast(device, enabled):
-    """A bfloat16 autocast context for `device` when enabled, else a no-op context."""
-    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else nullcontext()

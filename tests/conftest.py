@@ -28,8 +28,8 @@ def kernel_compiles_again():
     """imagegen-sample's prebuilt_only() is a process-wide switch: a command run in-process
     (tests/commands.call) must not leave the C++ kernel's compile off for the tests after it."""
     yield
-    from imagegen.ops import kernel
-    kernel._compile[0] = True
+    from imagegen.ops import build
+    build._compile[0] = True
 
 
 @pytest.fixture(scope="session")

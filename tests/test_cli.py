@@ -101,7 +101,7 @@ def test_keep_freed_memory(setting):
     tensor made after a 256 MB one was freed then faults in no new pages, where by default it
     faults in all 32,768."""
     code = ("import resource, torch\n"
-            "from imagegen.allocator import keep_freed_memory\n"
+            "from imagegen.tuning.allocator import keep_freed_memory\n"
             "keep_freed_memory()\n"
             "torch.ones(64 << 20)\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"

@@ -17,7 +17,7 @@ from imagegen.attention.feature_maps import FEATURE_MAPS, make_feature_map, orth
 from imagegen.data.sets import dataset_info
 from imagegen.errors import UserError
 from imagegen.model.transformer import build_model
-from imagegen.ops import kernel as kernel_mod, triton_linear
+from imagegen.ops import build as kernel_mod, triton_linear
 from imagegen.ops.gated_linear import gated_chunked, gated_reference, gated_step
 from fixtures import skip_without_cpu_kernel
 

@@ -11,7 +11,9 @@ import torch
 import imagegen
 from imagegen import precision
 from imagegen.errors import UserError
-from imagegen.model.layers import INT8, Dense, can_int8, dense, int8_reduce_range, int8_weights
+from imagegen.dtypes import INT8, dtype_name, precision_dtype
+from imagegen.ops.dense import Dense, dense, int8_weights
+from imagegen.ops.int8 import can_int8, int8_reduce_range
 from imagegen.sampling.decode import generate
 from commands import TINY, eval_at, one_line_error, run
 from fixtures import decode_params, scaled_model
@@ -99,8 +101,8 @@ def test_int8_sampling_returns_images(sampler):
 
 
 def test_int8_precision_is_asked_for_never_picked():
-    assert precision.resolve_precision("int8", CPU) == INT8 and precision.dtype_name(INT8) == "int8"
-    assert precision.precision_dtype("int8") == INT8 and precision.precision_dtype("float32") == torch.float32
+    assert precision.resolve_precision("int8", CPU) == INT8 and dtype_name(INT8) == "int8"
+    assert precision_dtype("int8") == INT8 and precision_dtype("float32") == torch.float32
     assert precision.resolve_precision("auto", CPU) in (torch.float32, torch.bfloat16)
     assert precision.resolve_precisions(["float32", "auto"], CPU, "k")[0] in (["float32"], ["float32", "bfloat16"])
     assert precision.resolve_precisions(["float32", "int8"], CPU, "k")[0] == ["float32", "int8"]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from imagegen.ops import kernel as kernel_mod
-from imagegen.ops.kernel import build_key, locked_build
+from imagegen.ops import build as kernel_mod
+from imagegen.ops.build import build_key, locked_build
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_flock = pytest.mark.skipif(kernel_mod.fcntl is None, reason="no fcntl (Windows): builds are not locked")
@@ -28,7 +28,7 @@ needs_flock = pytest.mark.skipif(kernel_mod.fcntl is None, reason="no fcntl (Win
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from imagegen.ops.kernel import locked_build
+    from imagegen.ops.build import locked_build
     d, seconds, text = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
     def build():
         (d / "lock").touch()
@@ -216,6 +216,6 @@ def test_prebuilt_only_never_compiles(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(kernel, "_modules", {})
     monkeypatch.setattr(kernel, "_compile", [False])
-    with pytest.raises(kernel.KernelUnavailable, match="not built yet.*python -m imagegen.ops.kernel"):
+    with pytest.raises(kernel.KernelUnavailable, match="not built yet.*python -m imagegen.ops.build"):
         kernel.load_kernel("cpu")
     assert not any(tmp_path.rglob("*.so"))

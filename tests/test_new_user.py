@@ -89,13 +89,13 @@ def test_sample_without_a_built_kernel_says_so_in_one_clean_line(tmp_path):
     notice = [ln for ln in lines if "falling back" in ln]
     assert len(notice) == 1, proc.stderr
     assert notice[0].startswith("imagegen: causal product kernel unavailable on cpu (not built yet"), notice[0]
-    assert "python -m imagegen.ops.kernel" in notice[0] and notice[0].endswith("chunked PyTorch form.")
+    assert "python -m imagegen.ops.build" in notice[0] and notice[0].endswith("chunked PyTorch form.")
     assert not any("Warning" in ln or "warnings.warn" in ln or "BlockState" in ln or ".py:" in ln for ln in lines), \
         proc.stderr
 
 
 def test_the_fallback_warning_is_still_a_runtime_warning(monkeypatch):
-    from imagegen.ops import kernel
+    from imagegen.ops import build as kernel
     monkeypatch.setattr(kernel, "_warned", set())
     with pytest.warns(RuntimeWarning, match="no compiler.*chunked"):
         kernel.warn_fallback("causal product kernel", "cpu", "no compiler\nhere")

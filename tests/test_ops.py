@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from imagegen import ops
-from imagegen.ops import kernel as kernel_mod
+from imagegen.ops import build as kernel_mod, decode as decode_mod, kernel as kernels
 from imagegen.ops.causal_linear import causal_product_reference, linear_attention_reference
 from fixtures import skip_without_cpu_kernel
 
@@ -84,7 +84,7 @@ def test_auto_rule_on_cpu(cpu_kernel):
 
 def test_kernel_gradcheck(cpu_kernel):
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 6, 3, 4))
-    assert torch.autograd.gradcheck(kernel_mod.causal_product_kernel, (q, k, v))
+    assert torch.autograd.gradcheck(kernels.causal_product_kernel, (q, k, v))
 
 
 def test_kernel_float32_close_to_float64(cpu_kernel):
@@ -248,7 +248,7 @@ def test_impl_matches_reference_float64(op, impl, shape, request):
 
 def test_fused_kernel_gradcheck(cpu_kernel):
     q, k, v = (t.requires_grad_() for t in make_raw_qkv(1, 2, 7, 3, 4))
-    assert torch.autograd.gradcheck(lambda *t: kernel_mod.linear_attention_kernel(*t, eps=1e-6), (q, k, v))
+    assert torch.autograd.gradcheck(lambda *t: kernels.linear_attention_kernel(*t, eps=1e-6), (q, k, v))
 
 
 def test_fused_kernel_reads_views_of_one_projection_and_writes_heads_last(cpu_kernel):
@@ -283,7 +283,7 @@ def test_linear_attention_qkv_is_split_attention_merged(impl, request):
 
 def test_fused_kernel_packed_gradcheck(cpu_kernel):
     qkv = (torch.randn(2, 6, 3, 2, 3, dtype=torch.float64) * 2).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: kernel_mod.linear_attention_kernel(x, eps=1e-6), (qkv,))
+    assert torch.autograd.gradcheck(lambda x: kernels.linear_attention_kernel(x, eps=1e-6), (qkv,))
 
 
 def test_fused_kernel_bfloat16_is_float32_on_the_same_values(cpu_kernel):
@@ -320,10 +320,10 @@ def test_decode_step_names_its_tensors_as_python_does(cpu_kernel):
     """The C++ decoding step's order of tensors (csrc/cpu_kernel.h, exported by the module) is the
     order of the fields of the named tuples that PixelTransformer.kernel_weights builds."""
     module = kernel_mod.load_kernel("cpu")
-    assert module.decode_layer_weights == kernel_mod.DecodeLayer._fields
-    assert module.decode_head_weights == kernel_mod.DecodeHead._fields
-    with pytest.raises(RuntimeError, match=f"each layer takes {len(kernel_mod.DecodeLayer._fields)} tensors"):
-        layer = [torch.zeros(1)] * (len(kernel_mod.DecodeLayer._fields) - 1)
+    assert module.decode_layer_weights == decode_mod.DecodeLayer._fields
+    assert module.decode_head_weights == decode_mod.DecodeHead._fields
+    with pytest.raises(RuntimeError, match=f"each layer takes {len(decode_mod.DecodeLayer._fields)} tensors"):
+        layer = [torch.zeros(1)] * (len(decode_mod.DecodeLayer._fields) - 1)
         module.decode_step(torch.zeros(1, 4), [layer], [torch.zeros(1)] * 4, 2, 1e-5, 1e-6)
 
 
@@ -384,6 +384,6 @@ def test_cuda_non_contiguous_and_limits(cuda_kernel):
 def test_cuda_gradcheck_float32_small(cuda_kernel):
     """float32 accumulation: compare the kernel's backward with the reference's on cuda."""
     q, k, v = make_qkv(1, 2, 6, 3, 4, dtype=torch.float32, device="cuda")
-    got = out_and_grads(kernel_mod.causal_product_kernel, q, k, v)
+    got = out_and_grads(kernels.causal_product_kernel, q, k, v)
     want = out_and_grads(causal_product_reference, q, k, v)
     assert_close_all(got, want, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from imagegen.commands.cli import CONF_DIR
-from imagegen.ops.kernel import CSRC
+from imagegen.ops.build import CSRC
 from imagegen.paths import data_dir
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from imagegen import precision
+from imagegen.tuning import machine
 from imagegen.errors import UserError
-from imagegen.model.layers import PACK_MIN_ROWS, can_pack, dense, pack, panel_width, panels
+from imagegen.ops.dense import dense
+from imagegen.ops.layout import PACK_MIN_ROWS, can_pack, pack, panel_width, panels
 from commands import TINY, eval_at, one_line_error, run
 from fixtures import decode_params, scaled_model, skip_without_cpu_kernel
 
@@ -21,9 +23,9 @@ CPU = torch.device("cpu")
     ({"amx": False, "avx512_bf16": False}, False, "neither"),
 ])
 def test_capability_rule_on_mocked_cpu_reports(monkeypatch, report, fast, why):
-    ok, reason = precision.fast_bf16(CPU, report)
+    ok, reason = machine.fast_bf16(CPU, report)
     assert ok is fast and why in reason
-    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: report)
+    monkeypatch.setattr(machine, "cpu_bf16_report", lambda: report)
     assert precision.use_bf16("auto", CPU) is fast
     assert precision.use_bf16(False, CPU) is False and precision.use_bf16(True, CPU) is True
     assert precision.resolve_precision("auto", CPU) == (torch.bfloat16 if fast else torch.float32)
@@ -37,13 +39,13 @@ SLOW, FAST = {"amx": False, "avx512_bf16": False}, {"amx": False, "avx512_bf16":
 
 
 def test_slow_bfloat16_asked_for_says_so(monkeypatch):
-    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: SLOW)
+    monkeypatch.setattr(machine, "cpu_bf16_report", lambda: SLOW)
     assert "emulated" in precision.slow_bf16_note(torch.bfloat16, CPU)
     assert precision.slow_bf16_note(torch.float32, CPU) is None
     assert precision.bf16_reason(True, CPU) == ("bfloat16 autocast (train.bf16=true; slow here: CPU has neither "
                                                 "AMX nor AVX512-BF16, so bfloat16 products are emulated)")
     assert precision.bf16_reason(False, CPU) == "float32 (train.bf16=false)"
-    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: FAST)
+    monkeypatch.setattr(machine, "cpu_bf16_report", lambda: FAST)
     assert precision.slow_bf16_note(torch.bfloat16, CPU) is None
     assert precision.bf16_reason(True, CPU) == "bfloat16 autocast (train.bf16=true)"
 
@@ -57,7 +59,7 @@ def test_slow_bfloat16_asked_for_says_so(monkeypatch):
     (FAST, ["bfloat16", "auto"], ["bfloat16"], None),
 ])
 def test_benchmark_precision_lists_measure_bfloat16_where_fast_or_named(monkeypatch, report, settings, names, note):
-    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: report)
+    monkeypatch.setattr(machine, "cpu_bf16_report", lambda: report)
     got, got_note = precision.resolve_precisions(settings, CPU, "key")
     assert got == names
     assert got_note is None if note is None else note in got_note
@@ -67,21 +69,22 @@ def test_cpu_report_falls_back_to_cpuinfo_flags(monkeypatch, tmp_path):
     """Where torch has no probe, the /proc/cpuinfo flags decide, by capability and not by vendor."""
     info = tmp_path / "cpuinfo"
     info.write_text("vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx512f avx512_bf16 avx512vl\n")
-    monkeypatch.setattr(precision, "_torch_flag", lambda name: None)
-    read = precision._cpuinfo_flags
-    monkeypatch.setattr(precision, "_cpuinfo_flags", lambda: read(str(info)))
-    precision.cpu_bf16_report.cache_clear()
+    monkeypatch.setattr(machine, "_torch_flag", lambda name: None)
+    monkeypatch.setattr(machine, "cpuinfo", lambda: info.read_text())
+    machine.cpu_bf16_report.cache_clear()
     try:
-        assert precision.cpu_bf16_report() == {"amx": False, "avx512_bf16": True}
+        assert machine.cpu_bf16_report() == {"amx": False, "avx512_bf16": True}
     finally:
-        precision.cpu_bf16_report.cache_clear()
+        machine.cpu_bf16_report.cache_clear()
 
 
-def test_cpuinfo_parser_reads_the_flags_line(tmp_path):
+def test_cpuinfo_parser_reads_the_flags_line(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("model name\t: Some CPU\nflags\t\t: fpu amx_bf16 amx_tile\n")
-    assert {"amx_bf16", "amx_tile"} <= precision._cpuinfo_flags(str(info))
-    assert precision._cpuinfo_flags(str(tmp_path / "missing")) == set()
+    monkeypatch.setattr(machine, "cpuinfo", lambda: info.read_text())
+    assert {"amx_bf16", "amx_tile"} <= machine.cpu_flags() and machine.cpu_name() == "Some CPU"
+    monkeypatch.setattr(machine, "cpuinfo", lambda: "")
+    assert machine.cpu_flags() == set()
 
 
 def test_bad_precision_is_one_sentence():
@@ -150,11 +153,11 @@ def test_one_call_bfloat16_step_equals_the_module_loop(batch, d_model):
 def test_without_onednn_packing_the_step_multiplies_plain_weights(monkeypatch):
     """Where oneDNN cannot prepack bfloat16 weights, the state keeps plain (in, out) bfloat16
     weights and both steps multiply through addmm, to the same parameters as the packed ones."""
-    from imagegen.model import layers
+    from imagegen.ops import layout
     model = scaled_model("linear", length=60)
     x = torch.randint(0, 256, (8, model.length), generator=torch.Generator().manual_seed(3))
     packed, _ = decode_params(model, x, torch.bfloat16)
-    monkeypatch.setattr(layers, "can_pack", lambda dtype=None: False)
+    monkeypatch.setattr(layout, "can_pack", lambda dtype=None: False)
     for whole_model_kernel in (True, False):
         plain, state = decode_params(model, x, torch.bfloat16, whole_model_kernel)
         assert not state.layers[0].attn.qkv[0].is_mkldnn
@@ -189,7 +192,7 @@ def test_decode_linear_against_float64(N, K, O, dtype):
     float32 also with the weight in `layers.panels`, its own float32 loop) and `layers.dense` over
     the same weights against the float64 product of the same values: off by no more than the
     output's rounding (2^-8 relative for bfloat16) plus float32 summing."""
-    from imagegen.ops.kernel import kernel_error, load_kernel
+    from imagegen.ops.build import kernel_error, load_kernel
     if kernel_error("cpu") is not None:
         skip_without_cpu_kernel("the CPU kernel is unavailable")
     g = torch.Generator().manual_seed(N * K + O)

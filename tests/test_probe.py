@@ -1,4 +1,4 @@
-"""Choices by measurement (imagegen.probe): verdicts from mocked timings (faster, slower, within the
+"""Choices by measurement (imagegen.tuning.probe): verdicts from mocked timings (faster, slower, within the
 margin), the per-machine cache (reused; timed again when torch or the thread count changes; a damaged
 or unreadable file ignored with a line), the rules when probes are off, and the two users: bfloat16
 for `auto` precisions and the CPU kernel for impl=auto."""
@@ -7,7 +7,10 @@ import json
 import pytest
 import torch
 
-from imagegen import ops, precision, probe
+from imagegen import ops, precision
+from imagegen.ops import dispatch, layout as layers
+from imagegen.ops.dense import dense
+from imagegen.tuning import machine, probe
 from fixtures import skip_without_cpu_kernel
 
 CPU = torch.device("cpu")
@@ -116,7 +119,7 @@ def test_probes_off_fall_back_to_the_rules(probes_on, monkeypatch, var):
     timer = Timer(10.0, 5.0)
     assert probe.decide("x", timer) is None and timer.calls == 0 and not probes_on.exists()
     for report, fast in (({"amx": False, "avx512_bf16": True}, True), ({"amx": False, "avx512_bf16": False}, False)):
-        monkeypatch.setattr(precision, "cpu_bf16_report", lambda report=report: report)
+        monkeypatch.setattr(machine, "cpu_bf16_report", lambda report=report: report)
         assert precision.use_bf16("auto", CPU, dims=(16, 32)) is fast
         assert "measured" not in precision.bf16_reason("auto", CPU, (16, 32))
         assert precision.resolve_precision("auto", CPU, dims=(16, 32), batch=4) == (
@@ -126,7 +129,7 @@ def test_probes_off_fall_back_to_the_rules(probes_on, monkeypatch, var):
 @pytest.mark.parametrize("bf16_ms, picks", [(5.0, torch.bfloat16), (20.0, torch.float32), (9.5, torch.float32)])
 def test_auto_precision_by_measurement(probes_on, monkeypatch, bf16_ms, picks):
     # the flags say fast, the measurement decides
-    monkeypatch.setattr(precision, "cpu_bf16_report", lambda: {"amx": True, "avx512_bf16": True})
+    monkeypatch.setattr(machine, "cpu_bf16_report", lambda: {"amx": True, "avx512_bf16": True})
     monkeypatch.setattr(probe, "best_ms", lambda *a, **k: (10.0, bf16_ms))
     assert precision.use_bf16("auto", CPU, dims=(16, 32)) is (picks == torch.bfloat16)
     header = precision.bf16_reason("auto", CPU, (16, 32))
@@ -161,13 +164,13 @@ def kernel_or_skip():
 def test_auto_impl_by_measurement(probes_on, monkeypatch, kernel_ms, impl):
     kernel_or_skip()
     calls = []
-    monkeypatch.setattr(ops, "time_impls", lambda *args: calls.append(args) or (10.0, kernel_ms))
+    monkeypatch.setattr(dispatch, "time_impls", lambda *args: calls.append(args) or (10.0, kernel_ms))
     q = torch.randn(2, 2, 100, 8, requires_grad=True)
     assert ops.choose_impl(q, q, fused=True) == impl
     assert ops.choose_impl(q, q, fused=True) == impl and len(calls) == 1      # decided once
     assert calls[0] == (128, 8, 8, torch.float32, True, True)                 # L 100 -> probed at 128
     forget()
-    monkeypatch.setattr(ops, "time_impls", lambda *args: (10.0, 100.0 / kernel_ms))   # the opposite, if timed
+    monkeypatch.setattr(dispatch, "time_impls", lambda *args: (10.0, 100.0 / kernel_ms))   # the opposite, if timed
     assert ops.choose_impl(q, q, fused=True) == impl                          # read from the cache
     line = ops.auto_impl_line({"attention": "linear", "attention_options": {"impl": "auto"}, "d_model": 16,
                                "n_heads": 2}, 100, CPU)
@@ -178,7 +181,7 @@ def test_auto_impl_by_measurement(probes_on, monkeypatch, kernel_ms, impl):
 def test_auto_impl_rule_when_probes_are_off(probes_on, monkeypatch):
     kernel_or_skip()
     monkeypatch.setenv("IMAGEGEN_PROBE", "0")
-    monkeypatch.setattr(ops, "time_impls", lambda *args: pytest.fail("timed with probes off"))
+    monkeypatch.setattr(dispatch, "time_impls", lambda *args: pytest.fail("timed with probes off"))
     q = torch.randn(1, 1, 8, 256, requires_grad=True)
     assert ops.choose_impl(q, q) == "chunked"                 # the rule: training at E > 193
     assert ops.choose_impl(q.detach(), q.detach()) == "kernel"
@@ -190,7 +193,7 @@ def test_real_impl_probe_times_both(probes_on):
     state = torch.random.get_rng_state()
     for fused in (True, False):
         for grad in (True, False):
-            chunked, kernel = ops.time_impls(64, 8, 8, torch.float32, fused, grad)
+            chunked, kernel = dispatch.time_impls(64, 8, 8, torch.float32, fused, grad)
             assert chunked > 0 and kernel > 0
     assert torch.equal(state, torch.random.get_rng_state())
 
@@ -199,7 +202,6 @@ def test_real_impl_probe_times_both(probes_on):
 def test_float32_decoding_weights_prepacked_by_measurement(probes_on, monkeypatch, packed_ms, packs):
     """layers.pack prepacks a float32 weight only where the probe measures oneDNN's prepacked product
     faster than addmm by the margin, and only from PACK_MIN_ROWS rows; the packed product equals addmm's."""
-    from imagegen.model import layers
     if not layers.can_pack(torch.float32):
         pytest.skip("this torch has no oneDNN linear")
     monkeypatch.setattr(probe, "best_ms", lambda *a, **k: (10.0, packed_ms))
@@ -209,7 +211,7 @@ def test_float32_decoding_weights_prepacked_by_measurement(probes_on, monkeypatc
     packed = layers.pack(w, 8)
     assert packed.is_mkldnn is packs and (packed is w) is not packs
     x = torch.randn(8, 64, generator=g)
-    torch.testing.assert_close(layers.dense(x, (packed, b)), torch.addmm(b, x, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dense(x, (packed, b)), torch.addmm(b, x, w), rtol=1e-5, atol=1e-5)
     monkeypatch.setenv("IMAGEGEN_PROBE", "0")
     monkeypatch.setattr(probe, "_verdicts", {})
     assert layers.pack(w, 8) is w                                            # probes off: addmm, as before
@@ -220,7 +222,6 @@ def test_float32_decoding_weights_in_panels_by_measurement(probes_on, monkeypatc
     """Below PACK_MIN_ROWS rows layers.pack lays a float32 weight out in the C++ kernel's panels only
     where the probe measures its product faster than addmm by the margin, and only when the output
     width is a multiple of the panel width; panel p holds columns p*P .. p*P+P-1, row after row."""
-    from imagegen.model import layers
     if layers.panel_width() is None:
         skip_without_cpu_kernel("the CPU kernel is unavailable")
     P = layers.panel_width()
@@ -229,7 +230,7 @@ def test_float32_decoding_weights_in_panels_by_measurement(probes_on, monkeypatc
     w, b, x = torch.randn(48, 2 * P, generator=g), torch.randn(2 * P, generator=g), torch.randn(3, 48, generator=g)
     panels = layers.panels(w)
     assert panels.shape == (2, 48, P) and panels[1, 5].equal(w[5, P:])
-    torch.testing.assert_close(layers.dense(x, (panels, b)), torch.addmm(b, x, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dense(x, (panels, b)), torch.addmm(b, x, w), rtol=1e-5, atol=1e-5)
     laid_out = layers.pack(w, layers.PACK_MIN_ROWS - 1)
     assert laid_out.equal(panels) if takes else laid_out is w
     odd = torch.randn(48, P + 8, generator=g)
@@ -244,8 +245,7 @@ def test_float32_decoding_with_laid_out_weights_equals_plain(probes_on, monkeypa
     """A float32 decoding state with every product laid out by `pack` (prepacked for oneDNN at 8 rows,
     in the C++ kernel's panels at 3; the probe says faster) steps to the same parameters as the plain
     one, through the one-call C++ step and through the module loop."""
-    from imagegen.model import layers
-    from test_precision import decode_params, scaled_model
+    from fixtures import decode_params, scaled_model
     if chooser == "packs_float32" and not layers.can_pack(torch.float32):
         pytest.skip("this torch has no oneDNN linear")
     if chooser == "takes_panels" and layers.panel_width() is None:

@@ -15,7 +15,7 @@ from imagegen.data.catalogue import DATASETS
 from imagegen.data.splits import load_split
 from imagegen.errors import UserError
 from imagegen.commands.evaluate import evaluate_on
-from imagegen.training.distributed import World
+from imagegen.world import World
 from imagegen.model.transformer import build_model
 from imagegen.commands.sample import run_sample
 from imagegen.bits_per_dim import bits_per_dim

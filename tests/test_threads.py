@@ -1,10 +1,10 @@
-"""torch's thread count fitted to the cores free now (imagegen/threads.py): the count from /proc/stat,
+"""torch's thread count fitted to the cores free now (imagegen/tuning/threads.py): the count from /proc/stat,
 fit_threads' rules, and the trainer's watch dropping threads when its steps slow down. Nothing is
 timed: /proc/stat, the clock and the free-core count are mocked."""
 import pytest
 import torch
 
-from imagegen import threads
+from imagegen.tuning import threads
 from imagegen.errors import UserError
 
 STAT = """cpu  {a} 0 0 {b} 0 0 0 0 0 0

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from imagegen import ops
+from imagegen.ops import dispatch
 from imagegen.attention.linear import LinearAttention
-from imagegen.ops import kernel as kernel_mod, triton_linear
+from imagegen.ops import build as kernel_mod, triton_linear
 from imagegen.ops.causal_linear import linear_attention_reference
 from test_ops import make_raw_qkv, out_and_grads
 
@@ -158,7 +159,7 @@ def test_decoding_step_over_a_sequence_equals_forward(dtype, device):
 def test_linear_attention_module_steps_through_triton(device, monkeypatch):
     """The model's attention with impl="triton": its forward and its steps (Triton's step kernel on
     the carried S, Z) agree, as the attention protocol demands."""
-    monkeypatch.setattr(ops, "TRITON_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "TRITON_DEVICES", ("cuda", "cpu"))
     torch.manual_seed(0)
     attn = LinearAttention(32, 2, impl="triton").to(device)
     x = torch.randn(2, 11, 32, device=device)
@@ -175,7 +176,7 @@ def test_linear_attention_module_steps_through_triton(device, monkeypatch):
 @pytest.fixture
 def fresh_probe(monkeypatch):
     """The Triton check run anew, with "auto" taking Triton on CPU tensors as it does on CUDA."""
-    monkeypatch.setattr(ops, "TRITON_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(dispatch, "TRITON_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(triton_linear, "_errors", {})
     monkeypatch.setattr(kernel_mod, "_warned", set())
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import UserError
-from ..model.layers import Dense, dense
+from ..ops.dense import Dense, dense
 
 ATTENTIONS = {}
 

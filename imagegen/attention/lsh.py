@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from ..model.layers import Dense
+from ..ops.dense import Dense
 from . import Attention, register
 
 MASKED = -1e9      # score of a key a query may not see

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..model.layers import Dense, activation_dtype, dense
+from ..dtypes import activation_dtype
+from ..ops.dense import Dense, dense
 from . import Attention, AttentionState, register
 
 

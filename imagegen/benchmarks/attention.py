@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from ..data.sets import dataset_info
-from ..allocator import keep_freed_memory
+from ..tuning.allocator import keep_freed_memory
 from ..errors import UserError
 from ..model.transformer import build_model
 from ..attention.feature_maps import FEATURE_MAPS, make_feature_map
 from ..ops import (TRITON_DEVICES, gated_linear_attention, kernel_error, linear_attention, mapped_linear_attention,
                    triton_error)
-from ..precision import FLOAT_PRECISIONS, autocast, resolve_precisions
+from ..dtypes import autocast
+from ..precision import FLOAT_PRECISIONS, resolve_precisions
 from .progress import Progress
 from .report import markdown_table, machine
 from .timing import backward_over_forward, median_ms, sync

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from ..allocator import keep_freed_memory
+from ..tuning.allocator import keep_freed_memory
 from ..ops import causal_product, kernel_error
 from .report import machine
 from .timing import backward_over_forward, time_all

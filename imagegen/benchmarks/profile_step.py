@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.profiler import ProfilerActivity, profile
 
-from ..allocator import keep_freed_memory
+from ..tuning.allocator import keep_freed_memory
 from ..config import ModelConfig
 from ..data.catalogue import DATASETS
 from ..paths import data_dir

@@ -1,20 +1,10 @@
 """Benchmark output: markdown tables and JSON (plots: imagegen/plots.py)."""
 import json
-import platform
 from pathlib import Path
 
 import torch
 
-
-def cpu_name():
-    """The CPU's model name (/proc/cpuinfo), else what platform says."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from ..tuning.machine import cpu_name
 
 
 def machine():

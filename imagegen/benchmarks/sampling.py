@@ -26,7 +26,8 @@ import torch
 from ..errors import UserError
 from ..memory import check_batch_fits
 from ..model.transformer import build_model
-from ..precision import precision_dtype, resolve_precisions
+from ..dtypes import precision_dtype
+from ..precision import resolve_precisions
 from ..sampling.decode import draw_step, fill_step, int8_forward, recompute_step
 from .. import plots
 from .progress import Progress

@@ -16,7 +16,10 @@ import time
 
 import torch
 
-from ..model.layers import INT8, Dense, can_pack, dense, prepacked, quantize
+from ..dtypes import INT8
+from ..ops.dense import Dense, dense
+from ..ops.int8 import quantize
+from ..ops.layout import can_pack, prepacked
 
 
 def best_seconds(fn, reps=5):

@@ -32,7 +32,7 @@ from imagegen.commands.cli import compose
 from omegaconf import OmegaConf
 from imagegen.data.sets import dataset_info
 from imagegen.model.transformer import build_model
-from imagegen.threads import fit_threads
+from imagegen.tuning.threads import fit_threads
 
 threads, seconds, batch = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 if threads is not None:
@@ -93,7 +93,7 @@ def run_setting(threads, env, seconds, batch):
 
 
 def main(argv=None):
-    from ..probe import cpu_name
+    from ..tuning.machine import cpu_name
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/threads.json")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds timed per part and setting")

@@ -250,7 +250,7 @@ def resolve_device(name="auto", threads=0):
         raise UserError(f"threads must be >= 0 (0: the cores free now), got {threads}.")
     device = pick_device(name, torch)
     if device.type == "cpu":
-        from ..threads import fit_threads
+        from ..tuning.threads import fit_threads
         fit_threads(int(threads))
     elif threads:
         torch.set_num_threads(int(threads))

@@ -15,7 +15,9 @@ from .cli import hydra_entry
 from ..config import check_eval
 from ..data.sets import load_from_config
 from ..files import write_bytes
-from ..precision import autocast, dtype_name, model_dims, resolve_precision, slow_bf16_note
+from ..dtypes import autocast, dtype_name
+from ..model.transformer import model_dims
+from ..precision import resolve_precision, slow_bf16_note
 from ..bits_per_dim import LN2, total_nll
 from ..sampling.decode import int8_forward
 

@@ -10,8 +10,10 @@ from ..config import check_classes, check_sample
 from ..data.sets import dataset_info, load_from_config
 from ..files import check_target, write_image
 from ..memory import check_request_fits
-from ..ops.kernel import prebuilt_only
-from ..precision import dtype_name, model_dims, precision_reason, resolve_precision, slow_bf16_note
+from ..ops.build import prebuilt_only
+from ..dtypes import dtype_name
+from ..model.transformer import model_dims
+from ..precision import precision_reason, resolve_precision, slow_bf16_note
 from ..sampling.decode import completion_rows, generate, grid, name_rows, resolve_sampler, sampler_label, to_images
 from ..sampling.threads import choose_threads
 

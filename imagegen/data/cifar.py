@@ -13,7 +13,7 @@ import torch
 from .catalogue import DATASETS
 from .official import OFFICIAL, batches, not_found, open_file
 from ..errors import UserError
-from ..memory import available_bytes
+from ..tuning.machine import available_bytes
 
 
 _NDARRAY = object()  # stands for numpy.ndarray inside a pickle: named, never called

@@ -13,7 +13,7 @@ import torch
 from .catalogue import DATASETS
 from .official import OFFICIAL, find, missing_files, not_found, open_file
 from ..errors import UserError
-from ..memory import available_bytes
+from ..tuning.machine import available_bytes
 
 _CHUNK = 1 << 20
 

@@ -21,10 +21,11 @@ from torch import nn
 
 from ..attention import make_attention
 from ..config import ModelConfig
+from ..dtypes import INT8
 from ..errors import UserError
-from .layers import INT8, Dense, dense
-from .heads import make_head
 from ..ops import EPS, DecodeHead, DecodeLayer, decode_step
+from ..ops.dense import Dense, dense
+from .heads import make_head
 
 START = 256  # token id of the start symbol; bytes are 0..255
 
@@ -194,3 +195,9 @@ def build_model(model_cfg, info):
     keys = ("attention", "n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "dropout",
             "attention_options", "num_classes")
     return PixelTransformer(info.length, info.channels, info.width, **{k: model_cfg[k] for k in keys if k in model_cfg})
+
+
+def model_dims(model):
+    """(d_model, d_ff) of a PixelTransformer: the shapes of its blocks' products."""
+    ff = model.blocks[0].ff[0].weight               # Dense (d_model, d_ff)
+    return ff.shape[0], ff.shape[1]

@@ -7,8 +7,24 @@ non-negative) and compute the causal numerator  V'_i = sum_{j<=i} (q_i . k_j) v_
 possible: what every fast form (chunked, the C++ kernels, Triton) is tested against in float64.
 """
 import torch
+import torch.nn.functional as F
 
 EPS = 1e-6  # added to the denominator phi(q_i) . sum_{j<=i} phi(k_j), which is > 0 for elu+1
+
+
+def phi(x):
+    """The feature map of the paper: elu(x) + 1 > 0."""
+    return F.elu(x) + 1
+
+
+def with_ones(v):
+    """v (..., M) -> [v, 1] (..., M + 1): the denominator's column, summed in the same pass as the numerator."""
+    return F.pad(v, (0, 1), value=1.0)
+
+
+def normalise(out, eps):
+    """[num, den] (..., M + 1) -> num / (den + eps) (..., M)."""
+    return out[..., :-1] / (out[..., -1:] + eps)
 
 
 def check_qkv(q, k, v):
@@ -35,7 +51,7 @@ def causal_product_reference(q, k, v):
 def linear_attention_reference(q, k, v, eps=EPS):
     """phi(q_i) . sum_{j<=i} phi(k_j) v_j^T / (phi(q_i) . sum_{j<=i} phi(k_j) + eps), phi = elu + 1,
     by the quadratic product: raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M)."""
-    qf, kf = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    qf, kf = F.elu(q) + 1, F.elu(k) + 1
     num = causal_product_reference(qf, kf, v)
     den = causal_product_reference(qf, kf, torch.ones_like(v[..., :1]))
     return num / (den + eps)

@@ -17,15 +17,7 @@ Shape letters: N batch, H heads, L length, F features, M value dim, C chunk.
 import torch
 import torch.nn.functional as F
 
-
-def with_ones(v):
-    """v (..., M) -> [v, 1] (..., M + 1)."""
-    return F.pad(v, (0, 1), value=1.0)
-
-
-def normalise(out, eps):
-    """[num, den] (..., M + 1) -> num / (den + eps) (..., M)."""
-    return out[..., :-1] / (out[..., -1:] + eps)
+from .causal_linear import normalise, with_ones
 
 
 def gated_reference(q, k, v, log_g, eps):

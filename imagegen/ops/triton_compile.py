@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..precision import dtype_name
+from ..dtypes import dtype_name
 from .triton_linear import plan
 
 SHARED_LIMIT = 99 * 1024  # bytes per block an sm_86 / sm_89 GPU allows (the least of sm_80 and later)

@@ -33,9 +33,10 @@ from ..config import check_sampling
 from ..errors import UserError
 from ..model.heads import sample as draw
 from ..memory import check_batch_fits
-from ..model.layers import INT8, int8_weights
+from ..dtypes import INT8
+from ..ops.dense import int8_weights
 from ..model.transformer import START
-from ..precision import autocast
+from ..dtypes import autocast
 
 SAMPLERS = ("auto", "step", "recompute")
 

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .. import probe
+from ..tuning import probe
 from ..memory import check_batch_fits
 
 STEPS = 4          # timed steps per thread count, after one untimed

@@ -28,8 +28,8 @@ import torch
 from . import shipped
 from ..data.sets import dataset_info
 from ..errors import UserError
-from ..memory import available_bytes
-from ..precision import dtype_name
+from ..tuning.machine import available_bytes
+from ..dtypes import dtype_name
 from .format import FORMAT
 
 MAX_STEP = 10 ** 9            # optimizer steps: far beyond any run; a larger count is an edited file

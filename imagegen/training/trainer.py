@@ -14,24 +14,26 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from .. import probe
-from ..store import checkpoint
-from ..threads import Watch
-from . import distributed, rundir
-from ..allocator import keep_freed_memory
-from ..store.checks import check_compatible, check_resumable, check_training, check_weights_fit
+from ..bits_per_dim import LN2, bits_per_dim
 from ..config import check_train
 from ..data.sets import dataset_info, load_from_config
+from ..dtypes import autocast
 from ..errors import UserError
 from ..lock import folder_lock
-from .logs import RunLog
-from ..memory import available_bytes
 from ..model.transformer import build_model
-from ..ops import auto_impl_line
-from ..precision import autocast, bf16_reason, use_bf16
-from .runstate import Budget, DataOrder, RunState, step_seed
+from ..ops import auto_impl_line, ensure_kernel
+from ..precision import bf16_reason, use_bf16
 from ..sampling.decode import generate, grid, to_images
-from ..bits_per_dim import LN2, bits_per_dim
+from ..store import checkpoint
+from ..store.checks import check_compatible, check_resumable, check_training, check_weights_fit
+from ..tuning import probe
+from ..tuning.allocator import keep_freed_memory
+from ..tuning.machine import available_bytes
+from ..tuning.threads import Watch
+from ..world import lost, max_, sum_
+from . import distributed, rundir
+from .logs import RunLog
+from .runstate import Budget, DataOrder, RunState, step_seed
 from .signals import StopRequest
 
 
@@ -82,7 +84,7 @@ def train(cfg, device):
             finally:
                 trainer.release()
     except RuntimeError as e:                  # DDP's gradient all-reduce when another rank died
-        raise (distributed.lost(world, e) or e) from None
+        raise (lost(world, e) or e) from None
     finally:
         distributed.teardown(world)
 
@@ -172,7 +174,6 @@ class Trainer:
         m = self.cfg["model"]
         if (self.device.type == "cpu" and m["attention"] == "linear"
                 and m["attention_options"].get("impl", "auto") in ("auto", "kernel")):
-            from ..ops.kernel import ensure_kernel
             ensure_kernel("cpu")
 
     def save(self, name):
@@ -267,7 +268,7 @@ class Trainer:
                     # model.nll through self.net, so that DDP hooks the forward and syncs the gradients
                     loss = -self.model.head.log_prob(self.net(x, y).float(), x).mean()   # nats per sub-pixel
                 # every rank agrees on stopping (a signal anywhere, rank 0's budget) and on rank 0's clock
-                signalled, spent, bad, elapsed = distributed.max_(self.world, [
+                signalled, spent, bad, elapsed = max_(self.world, [
                     stop.signal is not None, self.world.main and self.budget.spent(state),
                     not torch.isfinite(loss).item(), state.elapsed if self.world.main else 0.0])
                 state.elapsed = elapsed
@@ -346,7 +347,7 @@ class Progress:
         self.bar.update(1)
         if state.step % tr.t["log_every"]:
             return
-        loss = distributed.sum_(tr.world, [loss.item()])[0] / tr.world.size      # the global batch's mean
+        loss = sum_(tr.world, [loss.item()])[0] / tr.world.size      # the global batch's mean
         if not self.enabled:
             return
         now = time.perf_counter()

@@ -108,7 +108,7 @@ def fit_threads(requested=0, measure=None, tell=say):
     (at least 1, at most torch's default); with IMAGEGEN_PROBE=0, or where nothing can be measured,
     torch's count as it stands (the rule). requested=N: N, said once in one line when more than the cores free now."""
     if requested < 0:
-        from .errors import UserError
+        from ..errors import UserError
         raise UserError(f"threads must be >= 0 (0: the cores free now), got {requested}.")
     free = (measure or free_cores)() if probe.enabled() else None
     if requested:

@@ -30,6 +30,8 @@ from functools import lru_cache
 
 import torch
 
+from .machine import cpu_identity, cpu_name
+
 MARGIN = 1.15          # the candidate must be this many times faster than the baseline to be chosen
 ENV_VARS = ("IMAGEGEN_PROBE", "IMAGEGEN_PRECISION_PROBE")
 VERSION = 1            # of the cache file's layout
@@ -64,25 +66,6 @@ def enabled():
 def cache_path():
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "imagegen" / "probes.json"
-
-
-@lru_cache(maxsize=None)
-def cpu_identity():
-    """The CPU's model name and instruction-set flags (/proc/cpuinfo), or what platform says."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        import platform
-        return platform.processor() or platform.machine()
-    keep = [line for line in text.splitlines() if line.split(":")[0].strip() in ("model name", "flags", "Features")]
-    return "\n".join(sorted(set(keep)))
-
-
-def cpu_name():
-    for line in cpu_identity().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def machine_key():

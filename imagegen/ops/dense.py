@@ -1,0 +1,85 @@
+"""Dense: a linear layer that stores its weight as (in, out), and `dense`, its products in any dtype.
+
+x @ W with W (in, out) contiguous is a row-combination that runs markedly faster than
+nn.Linear's x @ W^T for the small batches of step-by-step sampling (see docs/design.md), and no
+slower for training. One addmm for any number of leading dims keeps the bias add inside the product,
+which under bfloat16 autocast also keeps the output bfloat16 (a separate float32 bias add would
+promote it and cost a full pass over the activations).
+
+Decoding may run its products in another dtype (bfloat16 or int8 sampling): `Dense.cast` converts the
+weights once (laid out for the batch by `layout.pack`, or quantized by `int8.quantize`), the decoding
+state carries them, and `dense` applies them. `int8_weights(module)` runs a module's forward
+(evaluation, the recompute sampler) through the same int8 products.
+"""
+import contextlib
+
+import torch
+from torch import nn
+
+from ..dtypes import INT8
+from .build import load_kernel
+from .int8 import is_int8, linear_int8, quantize
+from .layout import is_packed, linear_prepacked, pack
+
+
+class Dense(nn.Module):
+    def __init__(self, d_in, d_out, std=0.02):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_in, d_out) * std)
+        self.bias = nn.Parameter(torch.zeros(d_out))
+
+    int8 = None           # (packed, None) from cast(INT8) while `int8_weights` runs the forward in int8
+
+    def forward(self, x):                                  # (..., d_in) -> (..., d_out)
+        if self.int8 is not None:
+            return dense(x, self.int8)
+        out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def cast(self, dtype, batch=0):
+        """(weight, bias) for products in `dtype` at `batch` rows: detached copies converted once
+        (decoding states carry them), the weight prepacked by `pack` where it can be; the
+        parameters themselves when they already are of dtype and the weight is not packed.
+        dtype INT8: (fbgemm's packed int8 weight and bias, None), see `quantize`."""
+        if dtype == INT8:
+            return quantize(self.weight.detach(), self.bias.detach()), None
+        w = pack(self.weight.detach().to(dtype), batch)
+        if self.weight.dtype == dtype and not is_packed(w):
+            return self.weight, self.bias
+        return w, self.bias.detach().to(dtype)
+
+    def extra_repr(self):
+        return f"{self.weight.shape[0]} -> {self.weight.shape[1]}"
+
+
+def dense(x, weights):
+    """x (..., d_in) through (weight, bias) from `Dense.cast`; x is converted to their dtype and
+    the result (..., d_out) is of it (bfloat16 products accumulate in float32). int8 weights
+    (`quantize`): x is taken as float32 and quantized for this call; the result is float32."""
+    w, b = weights
+    if is_int8(w):
+        out = linear_int8(x.reshape(-1, x.shape[-1]), w)        # (running it warns of nothing in torch 2.13)
+        return out.view(*x.shape[:-1], out.shape[-1])
+    x2 = x.reshape(-1, x.shape[-1]).to(w.dtype)
+    if w.is_mkldnn:                                        # prepacked by `pack`
+        out = linear_prepacked(x2, w, b)
+    elif w.dim() == 3:                                     # panels (`pack`, below PACK_MIN_ROWS)
+        out = load_kernel("cpu").decode_linear(x2, w, b)
+    else:
+        out = torch.addmm(b, x2, w)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+@contextlib.contextmanager
+def int8_weights(module):
+    """Inside: every Dense of `module` runs its forward through int8 weights (`quantize`, made once
+    here) as `dense` runs them, activations quantized per call; outside, float32 as before. Nested
+    inside another, it leaves the layers the outer one quantized as they are."""
+    layers = [m for m in module.modules() if isinstance(m, Dense) and m.int8 is None]
+    try:
+        for m in layers:
+            m.int8 = m.cast(INT8)
+        yield module
+    finally:
+        for m in layers:
+            m.int8 = None

@@ -1,0 +1,181 @@
+"""Which implementation of causal linear attention runs: `resolve_impl` checks the arguments and turns
+impl (maybe "auto") into one of IMPLS (see imagegen/ops/__init__.py), `choose_impl` is auto's choice
+(on the CPU measured once per machine by `imagegen.tuning.probe`, else by rule), and the decoding
+predicates say which step a sampler can run.
+"""
+import torch
+
+from ..tuning import probe
+from .build import kernel_error, load_kernel
+from .causal_linear import EPS, causal_product_chunked, check_qkv, normalise, phi, with_ones
+from .kernel import causal_product_kernel, kernel_unsupported, linear_attention_kernel
+from .triton_linear import triton_error, triton_unsupported
+
+IMPLS = ("reference", "cumsum", "chunked", "kernel", "triton", "auto")
+TRITON_DEVICES = ("cuda",)  # device types where "auto" runs `linear_attention` through Triton
+CPU_KERNEL_MAX_DIM = 193  # auto on CPU with grad: kernel up to head dim 192 (+ the ones column)
+
+
+def default_chunk_size(q):
+    """Chunk for impl="chunked" when none is given: on CPU the power of two >= E, clamped
+    to [32, 128] (measured on CPU, fwd+bwd: at E=32 chunks 32 and 48 best,
+    24 and 64 within ~10%, 16 and 96 worse, 128 up to 2x slower; at E=64, 64 beats 32 by 20%;
+    at E >= 128, 128 beats 64 by 10-40%; see `choose_impl`); on other devices 64 (not measured)."""
+    if q.device.type != "cpu":
+        return 64
+    return min(128, max(32, 1 << max(0, q.shape[-1] - 1).bit_length()))
+
+
+def choose_impl(q, v, fused=False):
+    """The implementation "auto" runs for q (N, H, L, E), v (N, H, L, M); fused: for
+    `linear_attention` (phi and the normalisation inside), else for the bare numerator.
+
+    CUDA, fused: Triton when it imports, takes the dtype (float32/16, bfloat16) and head dims
+    (E, M <= 128), and its kernels compile and agree with chunked on this device (checked once
+    per process; a failure warns once, naming the cause); else chunked. Not fused: chunked.
+    The csrc CUDA kernel is never chosen: it has never run (no GPU here), while the Triton
+    kernels' arithmetic is tested under the interpreter on every change.
+    CPU: the kernel (float32/64, bfloat16) when it built and either no gradient is needed or
+    max(E, M) <= 193; else chunked. Measured here (2-core Xeon with AVX-512, shared, float32,
+    torch.set_num_threads(1), median ms, kernel vs the best chunk size; N,H,L,E,M):
+
+        shape                  fwd: kernel  chunked     fwd+bwd: kernel  chunked
+        4,8,784,32,32                 2.5     14.4 (64)            9.6     35.0 (64)
+        4,8,3072,32,32                8.7     38.6 (64)           34.7    112.7 (64)
+        4,8,16384,32,32              60.6    427.7 (64)          287.3   1537.0 (32)
+        16,4,784,32,33                5.9     21.5 (32)           22.8     70.4 (32)
+        16,4,3072,32,33              24.5     78.5 (48)           75.5    214.6 (48)
+        2,2,784,128,129               9.3     12.3 (64)           34.4     35.7 (64)
+        2,2,784,192,193              14.4     22.3 (128)          75.2     73.2 (128)
+        1,2,784,256,257              13.7     17.1 (128)         103.4     46.8 (128)
+
+    So the kernel wins 3-7x at the model's head dims, ties from E ~ 128 to 192 in training
+    (where its O(L (E + M)) memory decides) and loses 2x at 256; forward alone it always wins.
+    (Measured with the numerator kernel; `linear_attention` runs the fused one, 3.2-4.2x faster
+    than chunked at E = M = 32 in `imagegen-bench mode=attention`, under the same rule.)
+    That table is one CPU's: on an AVX2-only AMD EPYC the fused kernel's forward+backward measured
+    slower than chunked (issue 22; docs/speed.md). So on the CPU, where the kernel is built, the choice is a
+    measurement (`cpu_verdict`, made once per machine and cached; `imagegen.probe`): the kernel only
+    when it is probe.MARGIN times faster than chunked. With probes off (IMAGEGEN_PROBE=0) the rule above.
+    """
+    if q.device.type in TRITON_DEVICES:
+        if not fused or triton_unsupported(q, v) is not None:
+            return "chunked"
+        return "chunked" if triton_error(q.device.type, warn=True) is not None else "triton"
+    if q.device.type != "cpu" or kernel_unsupported(q, v) is not None:
+        return "chunked"
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
+    if kernel_error(q.device.type, warn=True) is not None:
+        return "chunked"
+    verdict = cpu_verdict(q.shape[-2], q.shape[-1], v.shape[-1], q.dtype, fused, needs_grad)
+    if verdict is not None:
+        return "kernel" if verdict.chosen else "chunked"
+    if needs_grad and max(q.shape[-1], v.shape[-1]) > CPU_KERNEL_MAX_DIM:
+        return "chunked"
+    return "kernel"
+
+
+def probe_length(L):
+    """The length a probe times for sequences of length L: the power of two >= L, in [64, 1024]
+    (per position the cost hardly depends on L past a few chunks; the probe must stay short)."""
+    return min(1024, max(64, 1 << max(0, L - 1).bit_length()))
+
+
+def cpu_verdict(L, E, M, dtype, fused, needs_grad):
+    """The probe's Verdict (candidate: the kernel, baseline: chunked) for the CPU at head dims E, M,
+    sequences of about L positions and dtype, forward+backward (needs_grad) or forward; fused: the
+    model's `linear_attention`, else the bare numerator. None when probes are off."""
+    Lp = probe_length(L)
+    build = load_kernel("cpu").__name__.rsplit("_", 1)[-1]      # another kernel source is another verdict
+    name = (f"impl-{'attention' if fused else 'numerator'}-{'fwd_bwd' if needs_grad else 'fwd'}:"
+            f"{str(dtype).replace('torch.', '')}:L{Lp}:E{E}:M{M}:kernel-{build}")
+    return probe.decide(name, lambda: time_impls(Lp, E, M, dtype, fused, needs_grad))
+
+
+def time_impls(L, E, M, dtype, fused, needs_grad):
+    """(chunked ms, kernel ms): best of a few interleaved calls on (1, 2 x threads, L, E/M) inputs
+    (the kernel runs one (n, h) pair per thread at a time), with a generator of its own (the
+    global random state is left alone, so that a run's draws do not depend on whether it probed)."""
+    g = torch.Generator().manual_seed(0)
+    P = 2 * torch.get_num_threads()
+    q, k = (torch.randn(1, P, L, E, generator=g).to(dtype) for _ in range(2))
+    v = torch.randn(1, P, L, M, generator=g).to(dtype)
+    if not fused:
+        q, k = phi(q), phi(k)
+    leaves = [x.requires_grad_(needs_grad) for x in (q, k, v)]
+    grad = torch.randn(1, P, L, M, generator=g).to(dtype)
+    chunk = default_chunk_size(q)
+    if fused:          # the forms `linear_attention` runs for impl kernel and chunked
+        forms = {"kernel": lambda q, k, v: linear_attention_kernel(q, k, v, eps=EPS),
+                 "chunked": lambda q, k, v: normalise(causal_product_chunked(phi(q), phi(k), with_ones(v), chunk), EPS)}
+    else:
+        forms = {"kernel": causal_product_kernel, "chunked": lambda q, k, v: causal_product_chunked(q, k, v, chunk)}
+
+    def run(impl):
+        with torch.autocast("cpu", enabled=False), torch.set_grad_enabled(needs_grad):
+            out = forms[impl](*leaves)
+            if needs_grad:
+                torch.autograd.grad(out, leaves, grad)
+    return probe.best_ms(lambda: run("chunked"), lambda: run("kernel"), rounds=5, budget_s=1.0)
+
+
+def auto_impl_line(model_cfg, L, device, bf16=False):
+    """The training header's line on what impl=auto runs for a linear model (config dict model_cfg,
+    sequences of L positions, bfloat16 autocast or not) on the CPU; None for other models and devices."""
+    impl = (model_cfg.get("attention_options") or {}).get("impl", "auto")
+    if model_cfg.get("attention") != "linear" or impl != "auto" or device.type != "cpu":
+        return None
+    E = model_cfg["d_model"] // model_cfg["n_heads"]
+    return auto_impl_reason(L, E, E, torch.bfloat16 if bf16 else torch.float32)
+
+
+def auto_impl_reason(L, E, M, dtype=torch.float32, needs_grad=True):
+    """What impl=auto runs for training the model's linear attention on the CPU and why, in a few
+    words (for the training header): measured, or the rule when probes are off."""
+    q, v = torch.empty(1, 1, L, E, dtype=dtype), torch.empty(1, 1, L, M, dtype=dtype)
+    if kernel_unsupported(q, v) is not None or kernel_error("cpu", warn=True) is not None:
+        return "linear attention impl=auto: chunked (no CPU kernel here)"
+    verdict = cpu_verdict(L, E, M, dtype, True, needs_grad)
+    if verdict is None:
+        return "linear attention impl=auto: by rule (probes off)"
+    return (f"linear attention impl=auto: {'kernel' if verdict.chosen else 'chunked'} (fused kernel "
+            f"{'fwd+bwd' if needs_grad else 'fwd'} measured {verdict.ratio:.2f}x chunked's speed here, "
+            f"{verdict.where()})")
+
+
+def resolve_impl(q, k, v, impl, chunk_size, fused=False):
+    """Check the arguments and turn impl (maybe "auto") into the implementation to run;
+    fused: for `linear_attention`, the only op "triton" runs."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown causal product impl {impl!r}; choose one of {', '.join(IMPLS)}.")
+    check_qkv(q, k, v)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None (tuned default), got {chunk_size!r}.")
+    if impl == "auto":
+        return choose_impl(q, v, fused)
+    if impl == "triton":
+        if not fused:
+            raise ValueError("impl='triton' runs the model's linear_attention only (phi and the normalisation "
+                             "fused); use impl='chunked' (or 'auto') for the bare product.")
+        why = triton_unsupported(q, v) or triton_error(q.device.type)
+        if why is not None:
+            raise ValueError(f"impl='triton' is unavailable: {why}. Use impl='chunked' (or 'auto').")
+    if impl == "kernel":
+        why = kernel_unsupported(q, v) or kernel_error(q.device.type)
+        if why is not None:
+            raise ValueError(f"impl='kernel' is unavailable: {why}. Use impl='chunked' (or 'auto').")
+    return impl
+
+
+def uses_fused_kernel(impl, like):
+    """Whether the fused CPU kernel serves impl ("auto" or "kernel") for tensors like `like`:
+    then decoding can step through it too (`fused_state`, `fused_step`)."""
+    return (impl in ("auto", "kernel") and like.device.type == "cpu" and kernel_unsupported(like, like) is None
+            and kernel_error("cpu", warn=impl == "auto") is None)
+
+
+def uses_triton_step(impl, like):
+    """Whether decoding steps through `triton_step` for impl ("auto" or "triton") and tensors like
+    `like`: where "auto" takes Triton for `linear_attention` (CUDA, when it works)."""
+    return (impl in ("auto", "triton") and like.device.type in TRITON_DEVICES and triton_unsupported(like, like) is None
+            and triton_error(like.device.type, warn=impl == "auto") is None)

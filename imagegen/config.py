@@ -85,6 +85,9 @@ class TrainOptions:
     max_steps: int = opt(100000, "stop after this many optimizer steps")
     max_minutes: Optional[float] = opt(None, "stop after this many minutes of training (null: no time budget); "
                                              "the cosine schedule follows whichever budget runs out first")
+    clock: str = opt("wall", "what train.max_minutes and the logged minutes count in training steps: wall (the "
+                             "wall clock) or cpu (this process's CPU time: its own work on a shared machine, "
+                             "for threads=1; imagegen-bench mode=paper uses it)")
     val_every: int = opt(500, "validate (bits/dim on val_images) every this many steps")
     val_images: int = opt(500, "validation images per validation")
     save_every: int = opt(100, "write last.pt every this many steps (and at the end, and on Ctrl-C/SIGTERM)")
@@ -364,6 +367,8 @@ def check_train(cfg, memory_bytes=None):
                  "sample_images"), "train.")
     if t["max_minutes"] is not None:
         positive(t, ("max_minutes",), "train.")
+    if t.get("clock", "wall") not in ("wall", "cpu"):
+        raise UserError(f"train.clock must be wall or cpu, got {t['clock']!r}.")
     for key in ("warmup_steps", "weight_decay", "grad_clip", "sample_every", "sample_minutes"):
         if t[key] < 0:
             raise UserError(f"train.{key} must be >= 0, got {t[key]}.")

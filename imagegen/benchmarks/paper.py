@@ -49,7 +49,7 @@ CONF_DIR = data_dir("conf")
 UNBOUNDED_STEPS = 10 ** 9
 WHOLE_IMAGE_LIMIT_S = 120.0      # a recompute loop slower than this per image is estimated, not timed
 # the trainer's own options that the sweep sets (the rest of the bench's train.* is passed on)
-SWEEP_KEYS = ("max_steps", "max_minutes", "progress", "resume", "overwrite")
+SWEEP_KEYS = ("max_steps", "max_minutes", "clock", "progress", "resume", "overwrite")
 # what a run's checkpoint must agree on with the command for the sweep to resume or reuse it
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "num_classes")
 # the child: imagegen-train, stopping (and saving) as on SIGTERM when the sweep dies
@@ -124,7 +124,7 @@ def train_args(c, attention, run_dir):
     args += [f"model.{k}={hydra_value(c['model'][k])}" for k in ARCH_KEYS + ("dropout",) if k in c["model"]]
     args += [f"data.{k}={hydra_value(v)}" for k, v in data.items() if k in dataset_keys()]
     args += [f"train.{k}={hydra_value(v)}" for k, v in c["train"].items() if k not in SWEEP_KEYS]
-    args += [f"train.max_steps={max_steps}", f"train.max_minutes={hydra_value(max_minutes)}",
+    args += [f"train.max_steps={max_steps}", f"train.max_minutes={hydra_value(max_minutes)}", "train.clock=cpu",
              "train.progress=false", f"run_dir={hydra_value(str(run_dir))}", f"seed={c['seed']}", "threads=1",
              f"device={hydra_value(c['device'])}"]
     return args

@@ -257,9 +257,10 @@ class Trainer:
         self.model.train()
         self.last_sample = state.elapsed                 # train.sample_minutes counts from here
         progress = Progress(self, enabled=self.world.main)
+        clock = time.process_time if t.get("clock", "wall") == "cpu" else time.perf_counter
         with StopRequest() as stop:
             while True:
-                tick = time.perf_counter()
+                tick = clock()
                 idx = self.order.batch(state)
                 x = self.x_train[idx].to(self.device, non_blocking=True)
                 torch.manual_seed(step_seed(self.cfg["seed"], state.step, self.world.rank))
@@ -289,7 +290,7 @@ class Trainer:
                     self.update_ema()
                 state.step += 1
                 self.order.advance(state)                     # the batch counts once it is trained on
-                seconds = time.perf_counter() - tick
+                seconds = clock() - tick
                 state.elapsed += seconds
                 progress.step(loss, lr, x.numel() * self.world.size)
                 if self.watch is not None:

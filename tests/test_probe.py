@@ -245,7 +245,7 @@ def test_float32_decoding_with_laid_out_weights_equals_plain(probes_on, monkeypa
     in the C++ kernel's panels at 3; the probe says faster) steps to the same parameters as the plain
     one, through the one-call C++ step and through the module loop."""
     from imagegen.model import layers
-    from test_precision import decode_params, scaled_model
+    from fixtures import decode_params, scaled_model
     if chooser == "packs_float32" and not layers.can_pack(torch.float32):
         pytest.skip("this torch has no oneDNN linear")
     if chooser == "takes_panels" and layers.panel_width() is None:

@@ -23,7 +23,7 @@ from imagegen import ops
 from imagegen.attention.linear import LinearAttention
 from imagegen.ops import kernel as kernel_mod, triton_linear
 from imagegen.ops.causal_linear import linear_attention_reference
-from test_ops import make_raw_qkv, out_and_grads
+from fixtures import make_raw_qkv, out_and_grads
 
 try:
     import triton  # noqa: F401

@@ -199,6 +199,15 @@ def skip_without_cpu_kernel(why):
     pytest.skip(why)
 
 
+def tiny_model(attention="linear", length=16, channels=1, width=4, seed=0, **sizes):
+    """A PixelTransformer of one layer, d_model 16, 2 heads, d_ff 32 (`sizes` overrides these or sets any
+    other constructor argument: head, attention_options, ...), its weights drawn after
+    torch.manual_seed(seed): 16 grey subpixels (4 wide) unless length, channels and width say otherwise."""
+    torch.manual_seed(seed)
+    return PixelTransformer(length, channels, width, attention, **{"n_layers": 1, "d_model": 16, "n_heads": 2,
+                                                                   "d_ff": 32, **sizes})
+
+
 def scaled_model(attention, length=300, impl="auto", seed=0, d_model=64):
     """A small model whose weights are scaled up from the 0.02 init so that its activations and
     distribution parameters are O(1), as in a trained model, rather than near zero."""

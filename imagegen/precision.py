@@ -8,15 +8,12 @@ weights, see `imagegen.model.layers` (`INT8`, `quantize`).
 
 "Fast here" is decided by capability, never by vendor: a CUDA device that supports bfloat16, or a
 CPU with AMX tiles or AVX512-BF16 (torch's CPU report, else the /proc/cpuinfo flags `amx_bf16`,
-`avx512_bf16`). Measured on an AMD EPYC (family 25 model 17, AVX512-BF16, no AMX), 2 threads: a
-49152 x 256 x 1024 product takes 68 ms in bfloat16 against 211 ms in float32; on a Xeon with AMX
-45 against 162 ms. Without either, bfloat16 products are emulated: on an AMD EPYC with AVX2 only
-(family 25 model 1), 23.2 s against 235 ms (99x), and 109 against 1.3 ms at the decoding step's
-256 x 256 x 1024 (throwaway script, 2 threads, best of 5). So the flags rule never picks bfloat16 there,
-asking for it says so (`slow_bf16_note`), and the benchmarks measure it only when named.
+`avx512_bf16`). Without either, bfloat16 products are emulated and far slower than float32 (the
+timings on both kinds of CPU: docs/notes/code-measurements.md), so the flags rule never picks bfloat16
+there, asking for it says so (`slow_bf16_note`), and the benchmarks measure it only when named.
 
-But a flag does not say how fast a product runs: an AVX512-BF16 Xeon (family 6 model 207) multiplies
-bfloat16 slower than float32 (issue 22). So on the CPU `auto` decides by measurement where the caller
+But a flag does not say how fast a product runs: an AVX512-BF16 Xeon can multiply bfloat16 slower than
+float32 (issue 22). So on the CPU `auto` decides by measurement where the caller
 names the shapes (`auto_bf16`): the products the path really runs, timed once per machine in float32
 and in bfloat16 by `imagegen.probe` (training: autocast Dense products forward and backward; evaluation:
 forward; sampling: the decoding step's products at the batch in use, prepacked or through the C++

@@ -12,21 +12,18 @@ weights once, the decoding state carries them, and `dense` applies them. On the 
 also be laid out once for the batch (`pack`):
 - from PACK_MIN_ROWS rows, prepacked into oneDNN's own layout: always for bfloat16 (oneDNN's
   bfloat16 matmul otherwise repacks W at every call), for float32 where that measures faster than
-  addmm at the product's shape and batch (on an AVX-512 AMD EPYC about 2x from 16 rows: MKL's
-  float32 products run well below oneDNN's there);
+  addmm at the product's shape and batch (MKL's float32 products can run well below oneDNN's);
 - below it, float32 in panels for the C++ kernel's own small-batch product (`panels`), where that
-  measures faster than addmm (on the same CPU 2-3x: it streams W at memory speed, MKL's gemv at
-  half that). bfloat16 keeps W as it is for the kernel's bfloat16 loop.
+  measures faster than addmm (it streams W at memory speed, where MKL's gemv may not). bfloat16 keeps
+  W as it is for the kernel's bfloat16 loop. Measured gains: docs/notes/code-measurements.md.
 
 int8 (`INT8`, precision=int8; CPU only): `quantize` rounds W to 8 bits with one scale per output
 column (symmetric, max |w| / 127) and prepacks it with the bias for fbgemm (torch's x86 quantized
 engine); `dense` then runs torch.ops.quantized.linear_dynamic, which quantizes x per call (one
 scale and zero point for the whole (rows, d_in) input, 8 bits, 7 on CPUs without VNNI so that
 AVX2's 16-bit pair sums cannot saturate) and returns float32. Everything around the products
-(the residual stream, LayerNorm, the attention's sums, the head) stays float32. Measured on a
-Xeon (family 6 model 207, AVX512-VNNI), one thread, the other core busy: 256 x 1024 at 1 row
-20 us against float32's 11 (slower: fbgemm's per-call quantize and pack of x costs more than
-streaming the 4x smaller W saves); at 64 rows 100 against 211 us. `int8_weights(module)` runs a
+(the residual stream, LayerNorm, the attention's sums, the head) stays float32. At one row it is
+slower than float32, at many faster (timings: docs/notes/code-measurements.md). `int8_weights(module)` runs a
 module's forward (evaluation, the recompute sampler) through the same int8 products.
 """
 import contextlib

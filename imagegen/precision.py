@@ -15,7 +15,7 @@ path really runs, timed once per machine in float32 and in bfloat16 through `ima
 step's products at the batch in use, prepacked or through the C++ step's own loop, as the sampler
 runs them), bfloat16 only when it is `probe.MARGIN` times faster. IMAGEGEN_PRECISION_PROBE=0 (or
 IMAGEGEN_PROBE=0) falls back to the capability rule (`tuning.machine.fast_bf16`); CUDA keeps that
-rule. Measured figures: docs/speed.md.
+rule. Timings on CPUs with and without bfloat16 hardware: docs/notes/code-measurements.md.
 """
 import torch
 

@@ -1,5 +1,6 @@
 """Small datasets written in the real on-disk formats (IDX, CIFAR-10 and CIFAR-100 python pickles), and
-where the real files of this project's machines are."""
+where the real files of this project's machines are; the builders several test files share: small
+models and checkpoints, attention inputs, and a local HTTP mirror serving fixture files."""
 import gzip
 import os
 import pickle
@@ -198,6 +199,15 @@ def skip_without_cpu_kernel(why):
     pytest.skip(why)
 
 
+def tiny_model(attention="linear", length=16, channels=1, width=4, seed=0, **sizes):
+    """A PixelTransformer of one layer, d_model 16, 2 heads, d_ff 32 (`sizes` overrides these or sets any
+    other constructor argument: head, attention_options, ...), its weights drawn after
+    torch.manual_seed(seed): 16 grey subpixels (4 wide) unless length, channels and width say otherwise."""
+    torch.manual_seed(seed)
+    return PixelTransformer(length, channels, width, attention, **{"n_layers": 1, "d_model": 16, "n_heads": 2,
+                                                                   "d_ff": 32, **sizes})
+
+
 def scaled_model(attention, length=300, impl="auto", seed=0, d_model=64):
     """A small model whose weights are scaled up from the 0.02 init so that its activations and
     distribution parameters are O(1), as in a trained model, rather than near zero."""
@@ -223,3 +233,118 @@ def decode_params(model, x, dtype, whole_model_kernel=True):
             out.append(params)
             token = x[:, t]
     return torch.stack(out), state
+
+
+# ---------------------------------------------------------------- a local mirror (download tests)
+class Server:
+    """Serves {name: bytes}; mode 'ok', 'corrupt' (one byte changed), 'cut' (closes after half the
+    bytes, having promised them all) or 'cut-unsized' (the same without a Content-Length)."""
+
+    def __init__(self, files):
+        import http.server
+        import threading
+        self.files, self.mode, self.requests = files, "ok", []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                name = self.path.rsplit("/", 1)[-1]
+                server.requests.append(self.path)
+                if name not in server.files:
+                    self.send_error(404)
+                    return
+                body = server.files[name]
+                if server.mode == "corrupt":
+                    body = body[:-1] + bytes([body[-1] ^ 1])
+                self.send_response(200)
+                if server.mode != "cut-unsized":
+                    self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[: len(body) // 2] if server.mode.startswith("cut") else body)
+                self.close_connection = True
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/mirror/"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def md5(b):
+    import hashlib
+    return hashlib.md5(b).hexdigest()
+
+
+def official_md5s(monkeypatch, files, *names):
+    """Patch the md5s of the named sets' official files to those of the fixtures served in their place."""
+    from dataclasses import replace
+    from imagegen.data.official import OFFICIAL
+    for name in names:
+        spec = OFFICIAL[name]
+        monkeypatch.setitem(OFFICIAL, name, replace(spec, md5={f: md5(files[f]) for f in spec.md5}))
+
+
+def leftovers(root):
+    return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())
+
+
+def refused_by_checksum(server, root, name, split):
+    """A download the server corrupts is refused in one sentence by its md5, and nothing is kept."""
+    import pytest
+    from imagegen.data.splits import load_split
+    from imagegen.errors import UserError
+    server.mode = "corrupt"
+    with pytest.raises(UserError, match="wrong md5 checksum.*nothing was kept") as e:
+        load_split(name, root, split, download_missing=True, mirror=server.url)
+    one_sentence(e)
+    assert leftovers(root) == []
+
+
+# ---------------------------------------------------------------- checkpoints
+def tiny_checkpoint(path, **changes):
+    """A real checkpoint of a tiny model, with entries replaced by `changes` (a value of None deletes)."""
+    from imagegen.store import checkpoint
+    from imagegen.data.sets import dataset_info
+    from imagegen.model.transformer import build_model
+    cfg = {"model": {"attention": "linear", "n_layers": 1, "d_model": 8, "n_heads": 2, "d_ff": 16,
+                     "head": "categorical", "n_mixtures": 2, "dropout": 0.0, "attention_options": {}},
+           "data": {"name": "mnist", "root": "/nonexistent", "download": False, "val_fraction": 0.05,
+                    "split_seed": 0}}
+    payload = {"config": cfg, "model": build_model(cfg["model"], dataset_info("mnist")).state_dict()}
+    for key, value in changes.items():
+        if value is None:
+            payload.pop(key)
+        else:
+            payload[key] = value(payload) if callable(value) else value
+    checkpoint.save(path, payload)
+    return path
+
+
+# ---------------------------------------------------------------- attention inputs (ops, triton)
+def make_qkv(N, H, L, E, M, dtype=torch.float64, device="cpu", seed=0):
+    """Non-negative q, k (as after a feature map) and signed v."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.rand(N, H, L, E, generator=gen, dtype=torch.float64)
+    k = torch.rand(N, H, L, E, generator=gen, dtype=torch.float64)
+    v = torch.randn(N, H, L, M, generator=gen, dtype=torch.float64)
+    return tuple(t.to(device, dtype) for t in (q, k, v))
+
+
+def make_raw_qkv(*shape, seed=0):
+    """Signed q, k spread over both branches of phi (elu's exp side and the linear side)."""
+    q, k, v = make_qkv(*shape, seed=seed)
+    return 6 * q - 4, 6 * k - 3, v
+
+
+def out_and_grads(fn, q, k, v, grad_seed=1):
+    """fn(q, k, v) and the gradients of <fn(q, k, v), G> for a fixed random G."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    gen = torch.Generator().manual_seed(grad_seed)
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
+    return (out.detach(), *torch.autograd.grad(out, leaves, g, allow_unused=True))

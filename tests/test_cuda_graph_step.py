@@ -6,14 +6,13 @@ import torch
 
 from imagegen.sampling.cuda_graph_step import GraphedStep, make_step, use_graphs
 from imagegen.attention.linear import LinearState
-from imagegen.model.transformer import PixelTransformer
+from fixtures import tiny_model
 
 
 def linear_model(impl="chunked", attention="linear", device="cpu"):
-    torch.manual_seed(0)
     options = {"impl": impl} if attention == "linear" else {}
-    return PixelTransformer(24, 3, 2, attention=attention, n_layers=2, d_model=16, n_heads=2, d_ff=32, head="mixture",
-                            attention_options=options).to(device).eval()
+    return tiny_model(attention, length=24, channels=3, width=2, n_layers=2, head="mixture",
+                      attention_options=options).to(device).eval()
 
 
 def loop_outputs(model, tokens, step):

@@ -3,7 +3,6 @@ process, resume at another world size, and a bounded, one-sentence exit when a r
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,28 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from commands import TINY, run
-
-# 10 steps of a tiny model; global batch 4 = 2 per rank on 2 processes; a constant learning rate after
-# warmup, so that a run stopped by train.max_steps=5 is the first half of a 10-step run; float32 (under
-# bfloat16 autocast the two orders of summation differ by bfloat16 round-off, not float32's)
-TRAIN = ["model=linear", *TINY, "train.val_every=1000", "train.sample_every=0", "train.save_every=5",
-         "train.max_steps=10", "train.min_lr_ratio=1.0", "train.bf16=false"]
-TOL = dict(rtol=1e-4, atol=1e-5)   # float32 round-off: the two runs sum the same gradients in another order
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(*args, nproc=2):
-    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    proc = subprocess.run([exe, "--standalone", f"--nproc_per_node={nproc}", "-m", *args], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
+from commands import TEN_STEPS, assert_close_runs, free_port, losses, run, torchrun
 
 
 def ranks(*python_args, world=2, timeout_s=None, extra_env=None):
@@ -51,44 +29,26 @@ def ranks(*python_args, world=2, timeout_s=None, extra_env=None):
     return procs
 
 
-def losses(run_dir):
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
-def weights(run_dir):
-    return torch.load(run_dir / "last.pt", weights_only=True)["model"]
-
-
-def assert_close_runs(a, b):
-    la, lb = losses(a), losses(b)
-    assert la.keys() == lb.keys() == set(range(1, 11))
-    for step in la:
-        assert la[step] == pytest.approx(lb[step], rel=1e-5), step
-    wa, wb = weights(a), weights(b)
-    for name in wa:
-        torch.testing.assert_close(wa[name], wb[name], **TOL, msg=name)
-
-
 @pytest.mark.slow
 def test_two_processes_equal_one_and_resume_at_another_world_size(mnist_root, tmp_path):
     one, two, switched = tmp_path / "one", tmp_path / "two", tmp_path / "switched"
-    run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={one}")
-    torchrun("imagegen.commands.train", *TRAIN, f"data.root={mnist_root}", f"run_dir={two}")
+    run("imagegen-train", *TEN_STEPS, f"data.root={mnist_root}", f"run_dir={one}")
+    torchrun("imagegen.commands.train", *TEN_STEPS, f"data.root={mnist_root}", f"run_dir={two}")
     assert_close_runs(one, two)
     assert [json.loads(line)["step"] for line in (two / "metrics.jsonl").read_text().splitlines()
             if '"loss"' in line] == list(range(1, 11))      # rank 0 alone writes: one row per step
 
     # started on 2 processes, stopped at step 5, resumed on 1: ends where the 2-process run ends
-    torchrun("imagegen.commands.train", *TRAIN, f"data.root={mnist_root}", f"run_dir={switched}", "train.max_steps=5")
-    proc = run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={switched}")
+    torchrun("imagegen.commands.train", *TEN_STEPS, f"data.root={mnist_root}", f"run_dir={switched}",
+             "train.max_steps=5")
+    proc = run("imagegen-train", *TEN_STEPS, f"data.root={mnist_root}", f"run_dir={switched}")
     assert "at step 5" in proc.stdout
     assert_close_runs(two, switched)
 
 
 @pytest.mark.slow
 def test_distributed_eval_equals_one_process(mnist_root, tmp_path):
-    run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=2")
+    run("imagegen-train", *TEN_STEPS, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=2")
     ck = tmp_path / "last.pt"
     run("imagegen-eval", f"checkpoint={ck}", "progress=false", "threads=1")
     single = json.loads((tmp_path / "last.test.json").read_text())["bits_per_dim"]
@@ -101,7 +61,7 @@ def test_distributed_eval_equals_one_process(mnist_root, tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_other_in_one_sentence(mnist_root, tmp_path):
-    args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
+    args = [*TEN_STEPS, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
             "train.save_every=3"]
     rank0, rank1 = ranks("-m", "imagegen.commands.train", *args, timeout_s=30)
     deadline = time.time() + 300
@@ -122,7 +82,7 @@ def test_a_killed_rank_stops_the_other_in_one_sentence(mnist_root, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_to_the_job_stops_every_rank_at_one_step(mnist_root, tmp_path):
-    args = [*TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
+    args = [*TEN_STEPS, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=100000",
             "train.save_every=100000"]
     procs = ranks("-m", "imagegen.commands.train", *args)
     deadline = time.time() + 300
@@ -172,7 +132,7 @@ def test_teardown_ends_gloo_threads(end, kernel, mnist_root, tmp_path):
     group destroyed later while holding the GIL such a thread needs); teardown must end them. Without
     the kernel, every forward is refused by it first (a refusal kept and raised again held the DDP
     wrapper's frames, and the group with them)."""
-    procs = ranks("-c", TEARDOWN_PROBE, end, *TRAIN, "train.max_steps=2", f"data.root={mnist_root}",
+    procs = ranks("-c", TEARDOWN_PROBE, end, *TEN_STEPS, "train.max_steps=2", f"data.root={mnist_root}",
                   f"run_dir={tmp_path}", extra_env=None if kernel else {"IMAGEGEN_DISABLE_KERNEL": "1"})
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -182,7 +142,7 @@ def test_teardown_ends_gloo_threads(end, kernel, mnist_root, tmp_path):
 
 @pytest.mark.slow
 def test_batch_that_does_not_divide_is_one_sentence(mnist_root, tmp_path):
-    procs = ranks("-m", "imagegen.commands.train", *TRAIN, "train.batch_size=5", f"data.root={mnist_root}",
+    procs = ranks("-m", "imagegen.commands.train", *TEN_STEPS, "train.batch_size=5", f"data.root={mnist_root}",
                   f"run_dir={tmp_path}")
     for p in procs:
         _, err = p.communicate(timeout=300)
@@ -259,7 +219,7 @@ def test_a_rank_whose_launcher_died_before_it_started_stops_in_one_line(mnist_ro
            "MASTER_PORT": str(free_port()), "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True"}
     err_file = tmp_path / "stderr"
     with open(err_file, "w") as err:
-        parent = subprocess.run([sys.executable, "-c", ORPHAN_PARENT, ORPHAN_RANK, str(time.time() + 20), *TRAIN,
+        parent = subprocess.run([sys.executable, "-c", ORPHAN_PARENT, ORPHAN_RANK, str(time.time() + 20), *TEN_STEPS,
                                  f"data.root={mnist_root}", f"run_dir={tmp_path / 'run'}"],
                                 env=env, stdout=subprocess.PIPE, stderr=err, text=True, timeout=60)
     rank = int(parent.stdout.split()[0])
@@ -281,7 +241,7 @@ def test_a_rank_whose_launcher_died_before_it_started_stops_in_one_line(mnist_ro
 def test_torchrun_killed_while_its_ranks_start_leaves_no_rank_behind(after_s, mnist_root, tmp_path):
     bindir = os.path.dirname(sys.executable)
     launcher = subprocess.Popen([os.path.join(bindir, "torchrun"), "--standalone", "--nproc_per_node=2", "--no-python",
-                                 os.path.join(bindir, "imagegen-train"), *TRAIN, f"data.root={mnist_root}",
+                                 os.path.join(bindir, "imagegen-train"), *TEN_STEPS, f"data.root={mnist_root}",
                                  f"run_dir={tmp_path}", "train.max_steps=100000"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children, deadline = [], time.time() + 120

@@ -1,68 +1,22 @@
 """First-run download against a local HTTP server on 127.0.0.1 serving fixture files in the
 official layout (the md5 constants patched to the fixtures'): good, corrupted, cut and offline."""
-import hashlib
-import http.server
 import io
 import os
 import socket
 import sys
 import tarfile
-import threading
 import types
-from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import imagegen.data.download as download_module
-from fixtures import shared_data, one_sentence, write_cifar, write_mnist
+from fixtures import Server, leftovers, official_md5s, refused_by_checksum, shared_data, one_sentence, \
+    write_cifar, write_mnist
 from imagegen.data.download import MIRROR_ENV
-from imagegen.data.official import OFFICIAL
 from imagegen.data.sets import load_from_config
 from imagegen.data.splits import load_split
 from imagegen.errors import UserError
-
-
-class Server:
-    """Serves {name: bytes}; mode 'ok', 'corrupt' (one byte changed), 'cut' (closes after half the
-    bytes, having promised them all) or 'cut-unsized' (the same without a Content-Length)."""
-
-    def __init__(self, files):
-        self.files, self.mode, self.requests = files, "ok", []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                name = self.path.rsplit("/", 1)[-1]
-                server.requests.append(self.path)
-                if name not in server.files:
-                    self.send_error(404)
-                    return
-                body = server.files[name]
-                if server.mode == "corrupt":
-                    body = body[:-1] + bytes([body[-1] ^ 1])
-                self.send_response(200)
-                if server.mode != "cut-unsized":
-                    self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body[: len(body) // 2] if server.mode.startswith("cut") else body)
-                self.close_connection = True
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/mirror/"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def md5(b):
-    return hashlib.md5(b).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +33,6 @@ def official(tmp_path_factory):
     return files, mnist, cifar
 
 
-def official_md5s(monkeypatch, files, *names):
-    """Patch the md5s of the named sets' official files to those of the fixtures served in their place."""
-    for name in names:
-        spec = OFFICIAL[name]
-        monkeypatch.setitem(OFFICIAL, name, replace(spec, md5={f: md5(files[f]) for f in spec.md5}))
-
-
 @pytest.fixture
 def server(official, monkeypatch):
     files = official[0]
@@ -93,11 +40,6 @@ def server(official, monkeypatch):
     s = Server(files)
     yield s
     s.close()
-
-
-def leftovers(root):
-    return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())
-
 
 
 def test_good_download_fetches_only_what_the_split_needs(server, official, tmp_path):
@@ -131,15 +73,6 @@ def test_cifar_download_unpacks_the_checked_archive(server, official, tmp_path):
 @pytest.mark.parametrize("name,split", [("mnist", "test"), ("cifar10", "train")])
 def test_corrupted_file_is_refused_by_its_checksum(server, tmp_path, name, split):
     refused_by_checksum(server, tmp_path, name, split)
-
-
-def refused_by_checksum(server, root, name, split):
-    """A download the server corrupts is refused in one sentence by its md5, and nothing is kept."""
-    server.mode = "corrupt"
-    with pytest.raises(UserError, match="wrong md5 checksum.*nothing was kept") as e:
-        load_split(name, root, split, download_missing=True, mirror=server.url)
-    one_sentence(e)
-    assert leftovers(root) == []
 
 
 @pytest.mark.parametrize("mode", ["cut", "cut-unsized"])

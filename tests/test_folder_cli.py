@@ -148,15 +148,15 @@ def test_training_memory_stays_flat_as_the_cache_grows_10x(tmp_path, monkeypatch
 def test_torchrun_two_processes_on_a_folder_equal_one(tmp_path):
     """Two ranks start on a folder with no cache: one converts it while the other waits on the lock,
     and the 2-process run equals the 1-process run that follows (which reuses the cache)."""
-    from test_distributed import TRAIN, assert_close_runs, torchrun
+    from commands import TEN_STEPS, assert_close_runs, torchrun
     root = tmp_path / "pics"
     write_class_folder(root, classes=("a", "b", "c"), per_class=8, size=(9, 9))
     data = ["data=folder", f"data.root={root}", "data.image_size=6", "data.channels=1", "model.num_classes=3",
             "train.label_dropout=0"]     # label dropout draws per rank (as dropout does): no equal runs with it
     two, one = tmp_path / "two", tmp_path / "one"
-    proc = torchrun("imagegen.commands.train", *TRAIN, *data, f"run_dir={two}")
+    proc = torchrun("imagegen.commands.train", *TEN_STEPS, *data, f"run_dir={two}")
     assert (proc.stdout + proc.stderr).count("converted 24 images") == 1, proc.stdout + proc.stderr
-    proc = run("imagegen-train", *TRAIN, *data, f"run_dir={one}")
+    proc = run("imagegen-train", *TEN_STEPS, *data, f"run_dir={one}")
     assert "converted" not in proc.stdout + proc.stderr
     assert_close_runs(one, two)
 

@@ -4,7 +4,7 @@ import torch
 
 from imagegen.errors import UserError
 from imagegen.model.heads import Categorical, LogisticMixture, sample
-from imagegen.model.transformer import PixelTransformer
+from fixtures import tiny_model
 from imagegen.bits_per_dim import bits_per_dim
 
 
@@ -41,7 +41,7 @@ def test_log_prob_agrees_with_log_probs():
 
 
 def test_uniform_model_scores_exactly_eight_bits():
-    model = PixelTransformer(784, 1, 28, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32, head="categorical")
+    model = tiny_model("linear", length=784, width=28, head="categorical")
     torch.nn.init.zeros_(model.proj.weight)
     torch.nn.init.zeros_(model.proj.bias)
     x = torch.randint(0, 256, (5, 784), dtype=torch.uint8)

@@ -4,7 +4,7 @@ import torch
 from imagegen.store import checkpoint, checks
 from imagegen.errors import UserError
 from imagegen.model.transformer import PixelTransformer
-from fixtures import skip_without_cpu_kernel
+from fixtures import skip_without_cpu_kernel, tiny_model
 
 
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
@@ -68,8 +68,7 @@ def test_whole_model_kernel_step_matches_the_module_loop(dtype, tol, d_model):
 
 
 def test_every_subpixel_is_scored_including_the_first():
-    torch.manual_seed(0)
-    model = PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32, head="mixture")
+    model = tiny_model("linear", head="mixture")
     x = torch.randint(0, 256, (1, 16), dtype=torch.uint8)
     nll = model.nll(x)
     assert nll.shape == (1, 16)

@@ -14,7 +14,7 @@ import torch
 from imagegen import ops
 from imagegen.ops import build as kernel_mod, decode as decode_mod, kernel as kernels
 from imagegen.ops.causal_linear import causal_product_reference, linear_attention_reference
-from fixtures import skip_without_cpu_kernel
+from fixtures import make_qkv, make_raw_qkv, out_and_grads, skip_without_cpu_kernel
 
 CPU_IMPLS = ["cumsum", "chunked", "kernel", "auto"]
 SHAPES = [  # N, H, L, E, M
@@ -28,24 +28,6 @@ SHAPES = [  # N, H, L, E, M
     (1, 2, 0, 4, 4),       # empty sequence
 ]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def make_qkv(N, H, L, E, M, dtype=torch.float64, device="cpu", seed=0):
-    """Non-negative q, k (as after a feature map) and signed v."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.rand(N, H, L, E, generator=gen, dtype=torch.float64)
-    k = torch.rand(N, H, L, E, generator=gen, dtype=torch.float64)
-    v = torch.randn(N, H, L, M, generator=gen, dtype=torch.float64)
-    return tuple(t.to(device, dtype) for t in (q, k, v))
-
-
-def out_and_grads(fn, q, k, v, grad_seed=1):
-    """fn(q, k, v) and the gradients of <fn(q, k, v), G> for a fixed random G."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves)
-    gen = torch.Generator().manual_seed(grad_seed)
-    g = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
-    return (out.detach(), *torch.autograd.grad(out, leaves, g, allow_unused=True))
 
 
 def assert_close_all(got, want, **tol):
@@ -225,12 +207,6 @@ def test_mixed_dtypes_and_unknown_impl_raise_value_error():
 
 
 # ---- the model's attention: phi applied inside (fused on the CPU) -------------------------
-
-def make_raw_qkv(*shape, seed=0):
-    """Signed q, k spread over both branches of phi (elu's exp side and the linear side)."""
-    q, k, v = make_qkv(*shape, seed=seed)
-    return 6 * q - 4, 6 * k - 3, v
-
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("impl", CPU_IMPLS)

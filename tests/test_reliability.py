@@ -5,75 +5,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from commands import TINY, call, one_line_error, run
-
-TRAIN = ["model=linear", *TINY, "train.val_every=5", "train.sample_every=0", "train.save_every=1"]
-
-# Runs imagegen-train in this interpreter; with KILL_AT_SAVE=N it SIGKILLs itself halfway through
-# writing its N-th checkpoint, as a crash during the write would; with TERM_AT_SAVE=N it sends
-# itself SIGTERM as its N-th checkpoint starts (a stop request arriving during the save).
-LAUNCHER = """
-import os, signal, sys, torch
-n_kill, n_term = int(os.environ.get("KILL_AT_SAVE", "0")), int(os.environ.get("TERM_AT_SAVE", "0"))
-saves, real_save = [0], torch.save
-def save(obj, f, *args, **kwargs):
-    saves[0] += 1
-    if saves[0] == n_term:
-        os.kill(os.getpid(), signal.SIGTERM)
-    if saves[0] == n_kill:
-        f.write(b"PK half a checkpoint")
-        f.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real_save(obj, f, *args, **kwargs)
-torch.save = save
-sys.argv = ["imagegen-train", *sys.argv[1:]]
-from imagegen.commands.train import main
-main()
-"""
-
-
-def start(run_dir, root, *args, kill_at_save=0, term_at_save=0):
-    env = {**os.environ, "KILL_AT_SAVE": str(kill_at_save), "TERM_AT_SAVE": str(term_at_save)}
-    return subprocess.Popen([sys.executable, "-c", LAUNCHER, *TRAIN, f"data.root={root}", f"run_dir={run_dir}",
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def rows(run_dir):
-    """metrics.jsonl's rows; a row still being written is left out."""
-    path = run_dir / "metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
-
-
-def logged_steps(run_dir):
-    return [row["step"] for row in rows(run_dir) if "loss" in row]
-
-
-def wait_for_step(proc, run_dir, step, resumes=0, timeout=240):
-    """Waits until `proc` itself has logged a step >= `step`: the rows after the run_dir's
-    `resumes`-th resume event (0: a fresh run), once that many are there. A run before it that
-    went past `step` does not count, so `proc` is never stopped before it has resumed."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        seen = rows(run_dir)
-        starts = [i for i, row in enumerate(seen) if row.get("event") == "resume"]
-        if len(starts) == resumes:
-            own = seen[starts[-1] + 1:] if starts else seen
-            if any("loss" in row and row["step"] >= step for row in own):
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"the run did not reach step {step}: {proc.communicate()}")
-
+from commands import TRAIN, call, logged_steps, one_line_error, run, start, wait_for_step
+from fixtures import tiny_checkpoint
 
 def saved_step(run_dir):
     return torch.load(run_dir / "last.pt", weights_only=True)["state"]["step"]
@@ -163,25 +100,6 @@ def test_hostile_checkpoint_runs_nothing(tmp_path):
     one_line_error(call("imagegen-eval", f"checkpoint={bad}"), "is not a readable checkpoint")
     one_line_error(call("imagegen-sample", f"checkpoint={bad}"), "is not a readable checkpoint")
     assert not marker.exists()
-
-
-def tiny_checkpoint(path, **changes):
-    """A real checkpoint of a tiny model, with entries replaced by `changes` (a value of None deletes)."""
-    from imagegen.store import checkpoint
-    from imagegen.data.sets import dataset_info
-    from imagegen.model.transformer import build_model
-    cfg = {"model": {"attention": "linear", "n_layers": 1, "d_model": 8, "n_heads": 2, "d_ff": 16,
-                     "head": "categorical", "n_mixtures": 2, "dropout": 0.0, "attention_options": {}},
-           "data": {"name": "mnist", "root": "/nonexistent", "download": False, "val_fraction": 0.05,
-                    "split_seed": 0}}
-    payload = {"config": cfg, "model": build_model(cfg["model"], dataset_info("mnist")).state_dict()}
-    for key, value in changes.items():
-        if value is None:
-            payload.pop(key)
-        else:
-            payload[key] = value(payload) if callable(value) else value
-    checkpoint.save(path, payload)
-    return path
 
 
 def poisoned(kind):

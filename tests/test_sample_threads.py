@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from imagegen.model.transformer import PixelTransformer
+from fixtures import tiny_model
 from imagegen.sampling import threads
 
 
@@ -20,7 +20,7 @@ def two_threads():
 
 
 def tiny():
-    return PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32).eval()
+    return tiny_model("linear").eval()
 
 
 @pytest.mark.parametrize("two, one, want", [(0.040, 0.002, 1), (0.002, 0.004, 2)])
@@ -45,7 +45,7 @@ def test_one_thread_machines_measure_nothing(monkeypatch):
 def test_a_batch_that_cannot_fit_is_refused_before_measuring(monkeypatch):
     from imagegen.errors import UserError
     monkeypatch.setattr(threads, "step_seconds", lambda *a: pytest.fail("measured a batch that cannot fit"))
-    model = PixelTransformer(16, 1, 4, "softmax", n_layers=1, d_model=16, n_heads=2, d_ff=32).eval()
+    model = tiny_model("softmax").eval()
     with pytest.raises(UserError, match="lower batch_size"):
         threads.choose_threads(model, 10 ** 12)
 

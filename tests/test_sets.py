@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from commands import TINY, call, one_line_error, run
-from fixtures import hostile_cifar_pickle, idx_bytes, one_sentence, write_cifar, write_cifar100, write_mnist
+from fixtures import Server, hostile_cifar_pickle, idx_bytes, leftovers, official_md5s, one_sentence, \
+    refused_by_checksum, write_cifar, write_cifar100, write_mnist
 from imagegen.data.catalogue import CIFAR10_CLASSES
 from imagegen.data.cifar import read_cifar_batch
 from imagegen.data.download import MIRROR_ENV
@@ -19,7 +20,6 @@ from imagegen.data.official import OFFICIAL
 from imagegen.data.sets import dataset_info, load_from_config
 from imagegen.data.splits import load_split
 from imagegen.errors import UserError
-from test_download import Server, leftovers, official_md5s, refused_by_checksum
 
 FASHION = "FashionMNIST/raw"
 

@@ -146,3 +146,26 @@ def test_no_shipped_config_names_a_path_of_the_machine_that_made_it():
             return [s for x in v for s in strings(x)] if isinstance(v, list) else [v] if isinstance(v, str) else []
         absolute = [s for s in strings(json.loads(path.read_text())) if s.startswith(("/", "~")) or ":\\" in s]
         assert not absolute, f"{path.name} holds {absolute}"
+
+
+def test_no_shipped_card_or_demo_file_names_a_path_of_the_machine_that_made_it():
+    """The model cards (checkpoints/*.md) and the demo sites' .json files (docs/demo/**) travel too: no
+    absolute path of a machine (/work/..., /home/..., ~/..., C:\\...) in a card's text or a demo's strings;
+    paths there are relative (../shared/data, ../runs) or names."""
+    import re
+    root = Path(__file__).resolve().parents[1]
+    cards = sorted(root.joinpath("checkpoints").glob("*.md"))
+    demos = sorted(root.joinpath("docs", "demo").rglob("*.json"))
+    assert cards and demos
+    machine_path = re.compile(r"(?:^|[\s=(`'\"\[<,:])((?:/[A-Za-z][\w.+-]*){2,}/?|~/[\w./-]+|[A-Za-z]:\\\S+)")
+    for path in cards:
+        found = [m.group(1) for m in machine_path.finditer(path.read_text())]
+        assert not found, f"{path.relative_to(root)} holds {found}"
+
+    def strings(v):
+        if isinstance(v, dict):
+            return [s for x in v.values() for s in strings(x)]
+        return [s for x in v for s in strings(x)] if isinstance(v, list) else [v] if isinstance(v, str) else []
+    for path in demos:
+        absolute = [s for s in strings(json.loads(path.read_text())) if s.startswith(("/", "~")) or ":\\" in s]
+        assert not absolute, f"{path.relative_to(root)} holds {absolute}"

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from imagegen.benchmarks import step_limit
-from imagegen.model.transformer import PixelTransformer
+from fixtures import tiny_model
 
 
 def tiny():
-    return PixelTransformer(16, 1, 4, "linear", n_layers=1, d_model=16, n_heads=2, d_ff=32, head="categorical")
+    return tiny_model("linear", head="categorical")
 
 
 def test_step_cost_counts_the_products_and_the_state():

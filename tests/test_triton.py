@@ -24,7 +24,7 @@ from imagegen.ops import dispatch
 from imagegen.attention.linear import LinearAttention
 from imagegen.ops import build as kernel_mod, triton_linear
 from imagegen.ops.causal_linear import linear_attention_reference
-from test_ops import make_raw_qkv, out_and_grads
+from fixtures import make_raw_qkv, out_and_grads
 
 try:
     import triton  # noqa: F401

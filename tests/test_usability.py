@@ -44,7 +44,7 @@ def test_progress_bar_under_a_minute_budget(mnist_root, tmp_path):
 
 
 def test_sample_writes_beside_the_checkpoint_by_default(tmp_path):
-    from test_reliability import tiny_checkpoint
+    from fixtures import tiny_checkpoint
     path = tiny_checkpoint(tmp_path / "best.pt")
     proc = call("imagegen-sample", f"checkpoint={path}", "num_images=2", "progress=false")
     assert (tmp_path / "best-grid.png").exists() and f"wrote {tmp_path / 'best-grid.png'}" in proc.stdout

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from commands import TINY, call, one_line_error, run
-from test_reliability import TRAIN, logged_steps, start, tiny_checkpoint, wait_for_step
+from commands import TINY, TRAIN, call, logged_steps, one_line_error, run, start, wait_for_step
+from fixtures import tiny_checkpoint
 
 # Runs the console script named by argv[1] in this interpreter after the patch in $PATCH (Python
 # source) has run: the faults that cannot be made real here (a disk filling at one exact write).

@@ -1,8 +1,8 @@
 """Softmax attention: torch's scaled_dot_product_attention, causal; steps with a preallocated KV cache.
 
 Under bfloat16 decoding the projections run in bfloat16 and the cache stays float32 unless
-`bf16_cache` is set: on the AMD EPYC (AVX512-BF16, no AMX) torch's CPU attention over a bfloat16
-cache was 2.8-3.9x slower at the last position than over a float32 one (sampling benchmark)."""
+`bf16_cache` is set: torch's CPU attention over a bfloat16 cache measured slower than over a float32
+one (docs/notes/code-measurements.md)."""
 from dataclasses import dataclass
 
 import torch

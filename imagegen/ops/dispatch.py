@@ -18,9 +18,8 @@ CPU_KERNEL_MAX_DIM = 193  # auto on CPU with grad: kernel up to head dim 192 (+ 
 
 def default_chunk_size(q):
     """Chunk for impl="chunked" when none is given: on CPU the power of two >= E, clamped
-    to [32, 128] (measured on CPU, fwd+bwd: at E=32 chunks 32 and 48 best,
-    24 and 64 within ~10%, 16 and 96 worse, 128 up to 2x slower; at E=64, 64 beats 32 by 20%;
-    at E >= 128, 128 beats 64 by 10-40%; see `choose_impl`); on other devices 64 (not measured)."""
+    to [32, 128] (the best sizes measured on a CPU, fwd+bwd: docs/notes/code-measurements.md); on other
+    devices 64 (not measured)."""
     if q.device.type != "cpu":
         return 64
     return min(128, max(32, 1 << max(0, q.shape[-1] - 1).bit_length()))
@@ -36,26 +35,10 @@ def choose_impl(q, v, fused=False):
     The csrc CUDA kernel is never chosen: it has never run (no GPU here), while the Triton
     kernels' arithmetic is tested under the interpreter on every change.
     CPU: the kernel (float32/64, bfloat16) when it built and either no gradient is needed or
-    max(E, M) <= 193; else chunked. Measured here (2-core Xeon with AVX-512, shared, float32,
-    torch.set_num_threads(1), median ms, kernel vs the best chunk size; N,H,L,E,M):
-
-        shape                  fwd: kernel  chunked     fwd+bwd: kernel  chunked
-        4,8,784,32,32                 2.5     14.4 (64)            9.6     35.0 (64)
-        4,8,3072,32,32                8.7     38.6 (64)           34.7    112.7 (64)
-        4,8,16384,32,32              60.6    427.7 (64)          287.3   1537.0 (32)
-        16,4,784,32,33                5.9     21.5 (32)           22.8     70.4 (32)
-        16,4,3072,32,33              24.5     78.5 (48)           75.5    214.6 (48)
-        2,2,784,128,129               9.3     12.3 (64)           34.4     35.7 (64)
-        2,2,784,192,193              14.4     22.3 (128)          75.2     73.2 (128)
-        1,2,784,256,257              13.7     17.1 (128)         103.4     46.8 (128)
-
-    So the kernel wins 3-7x at the model's head dims, ties from E ~ 128 to 192 in training
-    (where its O(L (E + M)) memory decides) and loses 2x at 256; forward alone it always wins.
-    (Measured with the numerator kernel; `linear_attention` runs the fused one, 3.2-4.2x faster
-    than chunked at E = M = 32 in `imagegen-bench mode=attention`, under the same rule.)
-    That table is one CPU's: on an AVX2-only AMD EPYC the fused kernel's forward+backward measured
-    slower than chunked (issue 22; docs/speed.md). So on the CPU, where the kernel is built, the choice is a
-    measurement (`cpu_verdict`, made once per machine and cached; `imagegen.probe`): the kernel only
+    max(E, M) <= 193; else chunked (a rule read from one AVX-512 Xeon's timings, which
+    docs/notes/code-measurements.md keeps). Another CPU can differ (on an AVX2-only one the fused
+    kernel trained slower than chunked), so on the CPU, where the kernel is built, the choice is a
+    measurement (`cpu_verdict`, made once per machine and cached; `imagegen.tuning.probe`): the kernel only
     when it is probe.MARGIN times faster than chunked. With probes off (IMAGEGEN_PROBE=0) the rule above.
     """
     if q.device.type in TRITON_DEVICES:

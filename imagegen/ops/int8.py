@@ -5,7 +5,8 @@ prepacks it with the bias for fbgemm (torch's x86 quantized engine); `linear_int
 torch.ops.quantized.linear_dynamic, which quantizes x per call (one scale and zero point for the whole
 (rows, d_in) input, 8 bits, 7 on CPUs without VNNI so that AVX2's 16-bit pair sums cannot saturate)
 and returns float32. Everything around the products (the residual stream, LayerNorm, the attention's
-sums, the head) stays float32. Speed: docs/speed.md.
+sums, the head) stays float32. At one row it is slower than float32, at many faster (timings:
+docs/notes/code-measurements.md).
 """
 import contextlib
 import functools

@@ -8,7 +8,7 @@ A Dense weight W (d_in, d_out) may be laid out once for the batch it will serve 
 - below it, float32 in panels for the C++ kernel's own small-batch product (`panels`), where a probe
   measures that faster than addmm (it streams W at memory speed). bfloat16 keeps W as it is for the
   kernel's bfloat16 loop.
-The probes are `imagegen.tuning.probe` verdicts, cached per machine; figures: docs/speed.md.
+The probes are `imagegen.tuning.probe` verdicts, cached per machine; timings: docs/notes/code-measurements.md.
 """
 import functools
 

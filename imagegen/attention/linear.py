@@ -27,8 +27,9 @@ from ..errors import UserError
 from ..ops import (EPS, IMPLS, compute_dtype, fused_state, fused_step, gated_linear_attention, gated_step,
                    linear_attention_qkv, mapped_linear_attention, triton_step, uses_fused_kernel, uses_triton_step)
 from ..model.layers import Dense, activation_dtype, dense
-from . import Attention, AttentionState, register
+from .base import Attention, AttentionState
 from .feature_maps import make_feature_map
+from .registry import register
 
 
 @dataclass

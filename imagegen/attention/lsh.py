@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..model.layers import Dense
-from . import Attention, register
+from .base import Attention
+from .registry import register
 
 MASKED = -1e9      # score of a key a query may not see
 SELF = -1e5        # score of the query's own position: used only when nothing else is visible

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ..model.layers import Dense, activation_dtype, dense
-from . import Attention, AttentionState, register
+from .base import Attention, AttentionState
+from .registry import register
 
 
 @dataclass

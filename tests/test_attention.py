@@ -3,6 +3,7 @@ import torch
 
 from imagegen.attention import make_attention
 from imagegen.attention.lsh import LSHAttention
+from imagegen.attention.lsh_naive import lsh_reference
 from imagegen.ops import kernel_error
 
 ALL = {"softmax": {}, "linear": {}, "lsh": {"n_hashes": 2, "n_buckets": 4, "chunk_size": 8}}
@@ -37,34 +38,6 @@ def test_step_matches_forward(name, options, dtype, tol):
         y_t, state = attn.step(x[:, t], state)
         steps.append(y_t)
     assert torch.allclose(torch.stack(steps, 1), attn(x), atol=tol, rtol=0)
-
-
-def lsh_reference(attn, x):
-    """Loop over queries: each attends to the chunk_size most recent earlier positions of its
-    bucket (itself when there are none), rounds combined by log-sum-exp weights."""
-    qk, v = attn.split(attn.qk(x)), attn.split(attn.v(x))          # (N, H, L, E)
-    N, H, L, E = qk.shape
-    rot = attn.rotations(x.device, x.dtype)                        # (H, E, R, B/2)
-    out = torch.zeros_like(v)
-    for n in range(N):
-        for h in range(H):
-            outs, lses = [], []
-            for r in range(attn.n_hashes):
-                proj = qk[n, h] @ rot[h, :, r]
-                bucket = torch.cat([proj, -proj], -1).argmax(-1)
-                o, lse = torch.zeros(L, E, dtype=x.dtype), torch.zeros(L, dtype=x.dtype)
-                for i in range(L):
-                    keys = [j for j in range(i) if bucket[j] == bucket[i]][-attn.chunk_size:] or [i]
-                    k = torch.nn.functional.normalize(qk[n, h, keys], dim=-1)
-                    s = k @ qk[n, h, i] * E ** -0.5
-                    if keys == [i]:
-                        s = s * 0 - 1e5
-                    o[i], lse[i] = torch.softmax(s, 0) @ v[n, h, keys], s.logsumexp(0)
-                outs.append(o)
-                lses.append(lse)
-            w = torch.softmax(torch.stack(lses), 0).unsqueeze(-1)
-            out[n, h] = (torch.stack(outs) * w).sum(0)
-    return attn.merge(out)
 
 
 @pytest.mark.parametrize("L,chunk", [(30, 8), (33, 4), (16, 16)])

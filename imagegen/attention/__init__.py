@@ -1,6 +1,7 @@
 """Causal self-attentions behind one protocol (base.py: `Attention`, `AttentionState`), chosen by name
 from a registry (registry.py: `ATTENTIONS`, `make_attention`): softmax.py, linear.py (feature_maps.py),
-lsh.py. This file only re-exports; importing the attention modules fills the registry."""
+lsh.py (lsh_naive.py: its loop reference). This file only re-exports; importing the attention modules
+fills the registry."""
 from .base import Attention, AttentionState
 from .registry import ATTENTIONS, make_attention, register
 from .linear import LinearAttention, LinearState

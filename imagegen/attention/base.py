@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .. import config
 from ..errors import UserError
 from ..model.layers import Dense, dense
 
@@ -30,8 +31,11 @@ class AttentionState:
 class Attention(nn.Module):
     """Base: heads bookkeeping and the output projection.
 
-    Args: d_model (D), n_heads (H); D must be a multiple of H, E = M = D / H."""
+    Args: d_model (D), n_heads (H); D must be a multiple of H, E = M = D / H. Each attention's own
+    options are the fields of its `Options` dataclass (imagegen/config.py: one type, default and help
+    sentence each), which its __init__ takes as keyword arguments and reads through `parse_options`."""
     can_step = True
+    Options = None                      # each attention's own dataclass
 
     def __init__(self, d_model, n_heads):
         super().__init__()
@@ -39,6 +43,13 @@ class Attention(nn.Module):
             raise UserError(f"d_model={d_model} is not a multiple of n_heads={n_heads}; pick values that divide.")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.out = Dense(d_model, d_model)
+
+    @classmethod
+    def parse_options(cls, options):
+        """model.attention_options (a plain dict, as configs and checkpoints hold it: empty, partial or
+        whole) -> cls.Options, the missing ones at their defaults; one sentence for an option the
+        attention does not have or a value of the wrong type."""
+        return config.attention_options(cls.name, options, cls.Options)
 
     def split(self, x):
         """(N, L, D) -> (N, H, L, E)."""

@@ -14,10 +14,8 @@ def register(name):
 
 
 def make_attention(name, d_model, n_heads, **options):
+    """The attention `name` for d_model and n_heads; options: its model.attention_options (a plain dict,
+    any missing at their defaults)."""
     if name not in ATTENTIONS:
         raise UserError(f"unknown attention {name!r}; choose one of {sorted(ATTENTIONS)}.")
-    try:
-        return ATTENTIONS[name](d_model, n_heads, **options)
-    except TypeError as e:
-        raise UserError(f"bad model.attention_options for {name} attention ({e}); see the docstring of "
-                        f"{ATTENTIONS[name].__name__} for its options.") from None
+    return ATTENTIONS[name](d_model, n_heads, **options)     # the class checks its options (Attention.parse_options)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..config import SoftmaxOptions
 from ..model.layers import Dense, activation_dtype, dense
 from .base import Attention, AttentionState
 from .registry import register
@@ -23,12 +24,14 @@ class KVCache(AttentionState):
 
 @register("softmax")
 class SoftmaxAttention(Attention):
-    """Exact causal softmax attention. Args: d_model, n_heads."""
+    """Exact causal softmax attention. Args: d_model, n_heads; no options (`SoftmaxOptions`)."""
 
     bf16_cache = False   # keep the KV cache in bfloat16 under bfloat16 decoding (halves it; slower here)
+    Options = SoftmaxOptions
 
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model, n_heads, **options):
         super().__init__(d_model, n_heads)
+        self.parse_options(options)
         self.qkv = Dense(d_model, 3 * d_model)
 
     def forward(self, x):                                    # x (N, L, D)

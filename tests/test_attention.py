@@ -65,3 +65,42 @@ def test_lsh_cannot_step():
     assert not attn.can_step
     with pytest.raises(NotImplementedError, match="recompute"):
         attn.init_state(1, 10, "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("name, options", [("linear", {}), ("linear", {"impl": "auto"}), ("softmax", {}),
+                                           ("lsh", {"n_hashes": 4, "n_buckets": 64, "chunk_size": 32}),
+                                           ("linear", {"impl": "chunked", "feature_map": "favor", "n_features": 8,
+                                                       "redraw_every": 0, "gate": "none"})])
+def test_checkpoint_options_build(name, options):
+    """A checkpoint's attention_options, a plain dict: empty or partial (older runs) or whole (newer ones);
+    the missing ones take the defaults of the attention's Options, and all compare equal to the whole."""
+    from imagegen import config
+    from imagegen.store.checks import architecture_diffs
+    attn = make_attention(name, 16, 2, **options)
+    whole = {f: getattr(attn.parse_options(options), f) for f in config.ATTENTION_OPTIONS[name].__dataclass_fields__}
+    assert whole == config.full_attention_options(name, options)
+    model = {"attention": name, "n_layers": 1}
+    assert architecture_diffs({**model, "attention_options": options}, {**model, "attention_options": whole}) == []
+    if name == "lsh":
+        assert (attn.n_hashes, attn.n_buckets, attn.chunk_size, attn.eval_seed) == (4, 64, 32, 0)
+
+
+def test_each_attention_holds_its_options_dataclass():
+    from imagegen import config
+    from imagegen.attention import ATTENTIONS
+    assert {name: cls.Options for name, cls in ATTENTIONS.items()} == config.ATTENTION_OPTIONS
+
+
+@pytest.mark.parametrize("name, options, pattern", [
+    ("linear", {"bogus": 1}, "the linear attention has no option 'bogus' (model.attention_options.bogus); its "
+                             "options are impl, feature_map, n_features, redraw_every, gate"),
+    ("lsh", {"impl": "auto"}, "the lsh attention has no option 'impl'"),
+    ("softmax", {"impl": "auto"}, "it takes none"),
+    ("lsh", {"n_hashes": "4"}, "model.attention_options.n_hashes of the lsh attention must be int, got '4'."),
+    ("linear", {"n_features": 8.5}, "must be Optional[int], got 8.5."),
+])
+def test_bad_options_are_one_sentence(name, options, pattern):
+    from imagegen.errors import UserError
+    with pytest.raises(UserError) as e:
+        make_attention(name, 16, 2, **options)
+    assert pattern in str(e.value) and "\n" not in str(e.value)

@@ -432,11 +432,9 @@ def fraction(value, key, low_open=False, high_open=False):
 
 
 def check_model(m, memory_bytes=None, prefix="model."):
-    """Sizes positive, dropout a rate, the attention's options its own, and the parameters (with gradients and Adam's two moments)
+    """Sizes positive, dropout a rate, and the parameters (with gradients and Adam's two moments)
     within `memory_bytes` when given."""
     positive(m, ("n_layers", "d_model", "n_heads", "d_ff", "n_mixtures"), prefix)
-    if m.get("attention") in ATTENTION_OPTIONS:            # an option the attention lacks (+key=...), a wrong type
-        attention_options(m["attention"], m.get("attention_options"))
     fraction(m["dropout"], prefix + "dropout")
     if m.get("num_classes", 0) < 0:
         raise UserError(f"{prefix}num_classes must be >= 0 (0: unconditional), got {m['num_classes']}.")
@@ -470,6 +468,8 @@ def check_train(cfg, memory_bytes=None):
         raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
     fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
     check_model(cfg["model"], memory_bytes)
+    if cfg["model"]["attention"] in ATTENTION_OPTIONS:     # an option the attention lacks (+key=...), a wrong type
+        attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
 
 
 def check_sampling(**values):

@@ -339,7 +339,7 @@ def register():
     cs = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
         cs.store(name=f"{name}_schema", node=schema)
-    for name, options in ATTENTION_OPTIONS.items():      # conf/model/*.yaml: - /attention_options/NAME@attention_options
+    for name, options in ATTENTION_OPTIONS.items():   # conf/model/*.yaml: - /attention_options/NAME@attention_options
         cs.store(group="attention_options", name=name, node=options)
 
 

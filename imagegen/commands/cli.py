@@ -194,7 +194,8 @@ def attention_help(model):
         picks.setdefault(OmegaConf.load(path).get("attention"), []).append(path.stem)
     lines = ["attention options (model.attention_options.KEY=VALUE, no +; each attention has its own):"]
     for attention, schema in config.ATTENTION_OPTIONS.items():
-        chosen = "model=" + "|".join(picks.get(attention, [])) if picks.get(attention) else "model.attention=" + attention
+        names = picks.get(attention)
+        chosen = f"model={'|'.join(names)}" if names else f"model.attention={attention}"
         rows = config.describe(schema, "model.attention_options.")
         lines.append(f"  {attention} ({chosen}){':' if rows else ': no options'}")
         values = (model.get("attention_options") if model.get("attention") == attention else None) or {}

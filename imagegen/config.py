@@ -22,12 +22,43 @@ def opt(default, help, **kw):
 
 
 @dataclass
+class LinearOptions:
+    """model.attention_options of the linear attention (attention/linear.py, feature_maps.py, docs/feature-maps.md)."""
+    impl: str = opt("auto", "how the attention is computed, not part of the architecture: auto (the fastest here), "
+                            "kernel (fused C++), triton (CUDA), chunked, cumsum or reference")
+    feature_map: str = opt("elu", "phi of queries and keys: elu (elu + 1), relu, favor (Performer's FAVOR+ random "
+                                  "features) or rff (random Fourier features)")
+    n_features: Optional[int] = opt(None, "favor and rff: the number of random features F (rff: even; null: 64)")
+    redraw_every: int = opt(0, "favor and rff: a new random draw every this many training forwards (0: never)")
+    gate: str = opt("none", "recency gate of the sums: none, head (one learned decay per head) or input (a decay "
+                            "per head and position from the layer's input)")
+
+
+@dataclass
+class LSHOptions:
+    """model.attention_options of the Reformer LSH attention (attention/lsh.py)."""
+    n_hashes: int = opt(1, "hashing rounds, combined by their log-sum-exp weights")
+    n_buckets: int = opt(64, "hash buckets per round (even, at least 2)")
+    chunk_size: int = opt(32, "a query attends to at most this many of the most recent earlier positions of its bucket")
+    eval_seed: int = opt(0, "seed of the hash rotations in eval mode, so that validation is reproducible "
+                            "(imagegen-eval draws with its own lsh_seed)")
+
+
+@dataclass
+class SoftmaxOptions:
+    """The softmax attention takes no options."""
+
+
+# each attention's options, by its name (model.attention); the attention classes hold them as `Options`
+ATTENTION_OPTIONS = {"linear": LinearOptions, "lsh": LSHOptions, "softmax": SoftmaxOptions}
+
+
+@dataclass
 class ModelConfig:
     attention: str = opt("linear", "attention of every layer: linear (an RNN when sampling), softmax or lsh")
-    attention_options: Dict[str, Any] = opt({}, "options of the attention class, e.g. {impl: auto} for linear "
-                                                "(also feature_map: elu|relu|favor|rff, n_features, redraw_every, "
-                                                "gate: none|head|input; docs/feature-maps.md), "
-                                                "{n_hashes: 1, n_buckets: 64, chunk_size: 32} for lsh")
+    attention_options: Dict[str, Any] = opt({}, "the options of the attention model= picks, set without a +: "
+                                                "model.attention_options.KEY=VALUE (each attention's are listed "
+                                                "below)")
     n_layers: int = opt(4, "number of transformer blocks")
     d_model: int = opt(128, "width of the residual stream (a multiple of n_heads)")
     n_heads: int = opt(4, "attention heads per layer")
@@ -304,11 +335,15 @@ SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "be
 
 
 def register():
-    """Put every schema in Hydra's ConfigStore as `<name>_schema` (the YAML files' first default)."""
+    """Put every schema in Hydra's ConfigStore as `<name>_schema` (the YAML files' first default), and each
+    attention's options as `attention_options/<attention>` (what conf/model/<name>.yaml puts under
+    model.attention_options, so that its keys are typed and set without a +)."""
     from hydra.core.config_store import ConfigStore
     cs = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
         cs.store(name=f"{name}_schema", node=schema)
+    for name, options in ATTENTION_OPTIONS.items():   # conf/model/*.yaml: - /attention_options/NAME@attention_options
+        cs.store(group="attention_options", name=name, node=options)
 
 
 def describe(schema, prefix=""):
@@ -322,9 +357,67 @@ def describe(schema, prefix=""):
         if is_dataclass(default):
             rows += describe(type(default), f"{prefix}{f.name}.")
         else:
-            kind = f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
-            rows.append((prefix + f.name, kind, f.metadata.get("help", "")))
+            rows.append((prefix + f.name, type_name(f.type), f.metadata.get("help", "")))
     return rows
+
+
+def type_name(t):
+    return t.__name__ if isinstance(t, type) else str(t).replace("typing.", "")
+
+
+def attention_options(attention, options, schema=None):
+    """A model config's attention_options (a plain dict as configs and checkpoints hold it: empty, partial
+    or whole) as the attention's options dataclass, the missing ones at their defaults; a UserError of one
+    sentence for an option the attention does not have or a value of the wrong type. schema: the options
+    dataclass (None: ATTENTION_OPTIONS[attention])."""
+    schema = schema or ATTENTION_OPTIONS[attention]
+    known = {f.name: f.type for f in fields(schema)}
+    for key, value in (options or {}).items():
+        if key not in known:
+            raise UserError(unknown_option(attention, key, schema))
+        if not fits(value, known[key]):
+            raise UserError(f"model.attention_options.{key} of the {attention} attention must be "
+                            f"{type_name(known[key])}, got {value!r}.")
+    return schema(**(options or {}))
+
+
+def unknown_option(attention, key, schema=None):
+    """The sentence for model.attention_options.KEY that the attention does not have."""
+    import difflib
+
+    names = [f.name for f in fields(schema or ATTENTION_OPTIONS[attention])]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    takes = f"its options are {', '.join(names)}" if names else "it takes none"
+    return (f"the {attention} attention has no option {key!r} (model.attention_options.{key}{hint}); {takes} "
+            f"(--help lists each attention's).")
+
+
+def fits(value, kind):
+    """value is of the annotated type kind: int (not bool), float (or int), str, bool, Optional[...] of those."""
+    if kind in (Any, object):
+        return True
+    args = getattr(kind, "__args__", None)
+    if args:                                              # Optional[X]
+        return any(fits(value, a) for a in args)
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def full_attention_options(attention, options):
+    """attention_options with every option of the attention, the missing ones at their defaults (a plain
+    dict); unchanged for an attention with no options dataclass."""
+    if attention not in ATTENTION_OPTIONS:
+        return dict(options or {})
+    schema = ATTENTION_OPTIONS[attention]
+    defaults = {f.name: (f.default_factory() if f.default_factory is not MISSING else f.default)
+                for f in fields(schema)}
+    return {**defaults, **(options or {})}
 
 
 # ---------------------------------------------------------------- range checks
@@ -380,6 +473,8 @@ def check_train(cfg, memory_bytes=None):
         raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
     fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
     check_model(cfg["model"], memory_bytes)
+    if cfg["model"]["attention"] in ATTENTION_OPTIONS:     # an option the attention lacks (+key=...), a wrong type
+        attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
 
 
 def check_sampling(**values):

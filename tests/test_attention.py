@@ -3,6 +3,7 @@ import torch
 
 from imagegen.attention import make_attention
 from imagegen.attention.lsh import LSHAttention
+from imagegen.attention.lsh_naive import lsh_reference
 from imagegen.ops import kernel_error
 
 ALL = {"softmax": {}, "linear": {}, "lsh": {"n_hashes": 2, "n_buckets": 4, "chunk_size": 8}}
@@ -39,34 +40,6 @@ def test_step_matches_forward(name, options, dtype, tol):
     assert torch.allclose(torch.stack(steps, 1), attn(x), atol=tol, rtol=0)
 
 
-def lsh_reference(attn, x):
-    """Loop over queries: each attends to the chunk_size most recent earlier positions of its
-    bucket (itself when there are none), rounds combined by log-sum-exp weights."""
-    qk, v = attn.split(attn.qk(x)), attn.split(attn.v(x))          # (N, H, L, E)
-    N, H, L, E = qk.shape
-    rot = attn.rotations(x.device, x.dtype)                        # (H, E, R, B/2)
-    out = torch.zeros_like(v)
-    for n in range(N):
-        for h in range(H):
-            outs, lses = [], []
-            for r in range(attn.n_hashes):
-                proj = qk[n, h] @ rot[h, :, r]
-                bucket = torch.cat([proj, -proj], -1).argmax(-1)
-                o, lse = torch.zeros(L, E, dtype=x.dtype), torch.zeros(L, dtype=x.dtype)
-                for i in range(L):
-                    keys = [j for j in range(i) if bucket[j] == bucket[i]][-attn.chunk_size:] or [i]
-                    k = torch.nn.functional.normalize(qk[n, h, keys], dim=-1)
-                    s = k @ qk[n, h, i] * E ** -0.5
-                    if keys == [i]:
-                        s = s * 0 - 1e5
-                    o[i], lse[i] = torch.softmax(s, 0) @ v[n, h, keys], s.logsumexp(0)
-                outs.append(o)
-                lses.append(lse)
-            w = torch.softmax(torch.stack(lses), 0).unsqueeze(-1)
-            out[n, h] = (torch.stack(outs) * w).sum(0)
-    return attn.merge(out)
-
-
 @pytest.mark.parametrize("L,chunk", [(30, 8), (33, 4), (16, 16)])
 def test_lsh_matches_loop_reference(L, chunk):
     torch.manual_seed(1)
@@ -92,3 +65,42 @@ def test_lsh_cannot_step():
     assert not attn.can_step
     with pytest.raises(NotImplementedError, match="recompute"):
         attn.init_state(1, 10, "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("name, options", [("linear", {}), ("linear", {"impl": "auto"}), ("softmax", {}),
+                                           ("lsh", {"n_hashes": 4, "n_buckets": 64, "chunk_size": 32}),
+                                           ("linear", {"impl": "chunked", "feature_map": "favor", "n_features": 8,
+                                                       "redraw_every": 0, "gate": "none"})])
+def test_checkpoint_options_build(name, options):
+    """A checkpoint's attention_options, a plain dict: empty or partial (older runs) or whole (newer ones);
+    the missing ones take the defaults of the attention's Options, and all compare equal to the whole."""
+    from imagegen import config
+    from imagegen.store.checks import architecture_diffs
+    attn = make_attention(name, 16, 2, **options)
+    whole = {f: getattr(attn.parse_options(options), f) for f in config.ATTENTION_OPTIONS[name].__dataclass_fields__}
+    assert whole == config.full_attention_options(name, options)
+    model = {"attention": name, "n_layers": 1}
+    assert architecture_diffs({**model, "attention_options": options}, {**model, "attention_options": whole}) == []
+    if name == "lsh":
+        assert (attn.n_hashes, attn.n_buckets, attn.chunk_size, attn.eval_seed) == (4, 64, 32, 0)
+
+
+def test_each_attention_holds_its_options_dataclass():
+    from imagegen import config
+    from imagegen.attention import ATTENTIONS
+    assert {name: cls.Options for name, cls in ATTENTIONS.items()} == config.ATTENTION_OPTIONS
+
+
+@pytest.mark.parametrize("name, options, pattern", [
+    ("linear", {"bogus": 1}, "the linear attention has no option 'bogus' (model.attention_options.bogus); its "
+                             "options are impl, feature_map, n_features, redraw_every, gate"),
+    ("lsh", {"impl": "auto"}, "the lsh attention has no option 'impl'"),
+    ("softmax", {"impl": "auto"}, "it takes none"),
+    ("lsh", {"n_hashes": "4"}, "model.attention_options.n_hashes of the lsh attention must be int, got '4'."),
+    ("linear", {"n_features": 8.5}, "must be Optional[int], got 8.5."),
+])
+def test_bad_options_are_one_sentence(name, options, pattern):
+    from imagegen.errors import UserError
+    with pytest.raises(UserError) as e:
+        make_attention(name, 16, 2, **options)
+    assert pattern in str(e.value) and "\n" not in str(e.value)

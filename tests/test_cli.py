@@ -55,10 +55,61 @@ def test_train_and_eval_cifar(model, cifar_root, tmp_path):
                       "paper_mnist, small."),
     (["data.root=/nonexistent", "run_dir=/tmp/imagegen-never"], "MNIST not found"),
     (["train.bf16=maybe", "run_dir=/tmp/imagegen-never"], "train.bf16 must be auto, true or false, not 'maybe'."),
+    # an option the attention does not have: it, the attention and the attention's options, in one sentence
+    (["model.attention_options.bogus=1"], "the linear attention has no option 'bogus' (model.attention_options.bogus); "
+                                          "its options are impl, feature_map, n_features, redraw_every, gate"),
+    (["model.attention_options.feture_map=favor"], "(model.attention_options.feture_map; did you mean feature_map?)"),
+    (["model=lsh4", "model.attention_options.gate=head"], "the lsh attention has no option 'gate' "
+                                                          "(model.attention_options.gate); its options are n_hashes, "
+                                                          "n_buckets, chunk_size, eval_seed"),
+    (["model=softmax", "model.attention_options.impl=auto"], "the softmax attention has no option 'impl' "
+                                                             "(model.attention_options.impl); it takes none"),
+    (["+model.attention_options.bogus=1", "run_dir=/tmp/imagegen-never"], "the linear attention has no option 'bogus'"),
+    (["+model.attention_options.feature_map=favor"], "model.attention_options.feature_map is already an option: set "
+                                                     "it without the + (model.attention_options.feature_map=favor)."),
+    (["model.attention_options.n_features=many"], "model.attention_options.n_features=many"),
 ])
 def test_train_errors_are_one_sentence(args, pattern, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     one_line_error(call("imagegen-train", *args), pattern)
+
+
+@pytest.mark.slow
+def test_attention_options_without_plus(mnist_root, tmp_path):
+    """model.attention_options.KEY=VALUE of the attention model= picks, with no +, trains; the checkpoint
+    keeps a plain dict of all the attention's options."""
+    run("imagegen-train", "model=linear", "model.attention_options.feature_map=favor",
+        "model.attention_options.n_features=8", f"data.root={mnist_root}", f"run_dir={tmp_path}",
+        "train.max_steps=2", *TINY)
+    options = torch.load(tmp_path / "last.pt", weights_only=True)["config"]["model"]["attention_options"]
+    assert type(options) is dict and options == {"impl": "auto", "feature_map": "favor", "n_features": 8,
+                                                  "redraw_every": 0, "gate": "none"}
+
+
+def test_attention_options_compose_typed():
+    from imagegen import config
+    from imagegen.commands.cli import compose
+    config.register()
+    cfg = compose("train", ["model.attention_options.feature_map=favor", "model.attention_options.n_features=8"])
+    assert dict(cfg.model.attention_options) == {"impl": "auto", "feature_map": "favor", "n_features": 8,
+                                                 "redraw_every": 0, "gate": "none"}
+    assert dict(compose("train", ["model=lsh4"]).model.attention_options) == {
+        "n_hashes": 4, "n_buckets": 64, "chunk_size": 32, "eval_seed": 0}
+    assert dict(compose("bench", ["model=softmax"]).model.attention_options) == {}
+
+
+def test_help_lists_each_attentions_options():
+    from dataclasses import fields
+    from imagegen.config import ATTENTION_OPTIONS
+    out = call("imagegen-train", "--help").stdout
+    assert "  linear (model=linear):" in out and "  lsh (model=lsh|lsh4):" in out
+    assert "  softmax (model=softmax): no options" in out
+    for schema in ATTENTION_OPTIONS.values():
+        for f in fields(schema):
+            kind = f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
+            assert f"    model.attention_options.{f.name}: {kind} = {f.default}\n        {f.metadata['help']}\n" in out
+    assert "model.attention_options.n_hashes: int = 4" in call("imagegen-train", "model=lsh4", "--help").stdout
+    assert "  lsh (model=lsh|lsh4):" in call("imagegen-bench", "--help").stdout
 
 
 def test_eval_errors_are_one_sentence(tmp_path):

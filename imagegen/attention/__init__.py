@@ -1,89 +1,12 @@
-"""Causal self-attentions behind one protocol, chosen by name from a registry.
+"""Causal self-attentions behind one protocol (base.py: `Attention`, `AttentionState`), chosen by name
+from a registry (registry.py: `ATTENTIONS`, `make_attention`): softmax.py, linear.py (feature_maps.py),
+lsh.py (lsh_naive.py: its loop reference). This file only re-exports; importing the attention modules
+fills the registry."""
+from .base import Attention, AttentionState
+from .registry import ATTENTIONS, make_attention, register
+from .linear import LinearAttention, LinearState
+from .lsh import LSHAttention
+from .softmax import KVCache, SoftmaxAttention
 
-Every attention module maps x (N, L, D) -> (N, L, D) with D = d_model and offers:
-- `forward(x)`: the whole causal sequence (training, evaluation, recompute sampling);
-- `init_state(batch, max_len, device, dtype)`: the decoding state, an `AttentionState` (a
-  dataclass: softmax's `KVCache`, linear's `LinearState`), which also carries the projections'
-  weights for products in `dtype` (`step_weights`: bfloat16 copies made once when the parameters
-  are float32);
-- `step(x_t, state) -> (y_t, state)`: one position, x_t and y_t (N, D).
-`can_step` is False for attentions with no incremental state (LSH). The invariant:
-stepping through a sequence gives the outputs of `forward` on it.
-Shape letters: N batch, L length, D model dim, H heads, E query/key dim, M value dim.
-"""
-from dataclasses import dataclass
-
-from torch import nn
-
-from ..errors import UserError
-from ..ops.dense import Dense, dense
-
-ATTENTIONS = {}
-
-
-def register(name):
-    def wrap(cls):
-        ATTENTIONS[name] = cls
-        cls.name = name
-        return cls
-    return wrap
-
-
-def make_attention(name, d_model, n_heads, **options):
-    if name not in ATTENTIONS:
-        raise UserError(f"unknown attention {name!r}; choose one of {sorted(ATTENTIONS)}.")
-    try:
-        return ATTENTIONS[name](d_model, n_heads, **options)
-    except TypeError as e:
-        raise UserError(f"bad model.attention_options for {name} attention ({e}); see the docstring of "
-                        f"{ATTENTIONS[name].__name__} for its options.") from None
-
-
-@dataclass
-class AttentionState:
-    """What every attention carries between decoding steps: its projections' (weight, bias) for
-    the step's products (`Dense.cast`); each attention's state adds its own sums or cache."""
-    qkv: tuple
-    out: tuple
-
-
-class Attention(nn.Module):
-    """Base: heads bookkeeping and the output projection.
-
-    Args: d_model (D), n_heads (H); D must be a multiple of H, E = M = D / H."""
-    can_step = True
-
-    def __init__(self, d_model, n_heads):
-        super().__init__()
-        if d_model % n_heads:
-            raise UserError(f"d_model={d_model} is not a multiple of n_heads={n_heads}; pick values that divide.")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        self.out = Dense(d_model, d_model)
-
-    def split(self, x):
-        """(N, L, D) -> (N, H, L, E)."""
-        N, L, _ = x.shape
-        return x.view(N, L, self.n_heads, self.head_dim).transpose(1, 2)
-
-    def merge(self, y):
-        """(N, H, L, M) -> (N, L, D) through the output projection."""
-        N, H, L, M = y.shape
-        return self.out(y.transpose(1, 2).reshape(N, L, H * M))
-
-    def step_weights(self, dtype, batch):
-        """The projections' (weight, bias) for decoding products in dtype at batch rows (see `Dense.cast`)."""
-        return {"qkv": self.qkv.cast(dtype, batch), "out": self.out.cast(dtype, batch)}
-
-    def merge_step(self, y, state):
-        """(N, ..., M) heads of one position -> (N, D) through the state's output projection."""
-        return dense(y.reshape(y.shape[0], self.d_model), state.out)
-
-    def init_state(self, batch, max_len, device, dtype):
-        raise NotImplementedError(f"{self.name} attention has no incremental state; sample it by recomputing "
-                                  f"the prefix (sampler=recompute).")
-
-    def step(self, x_t, state):
-        return self.init_state(0, 0, None, None)
-
-
-from . import linear, lsh, softmax  # noqa: E402,F401  (fill the registry)
+__all__ = ["ATTENTIONS", "Attention", "AttentionState", "KVCache", "LSHAttention", "LinearAttention", "LinearState",
+           "SoftmaxAttention", "make_attention", "register"]

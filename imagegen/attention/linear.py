@@ -23,13 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import LinearOptions
+from ..dtypes import activation_dtype
 from ..errors import UserError
 from ..ops import (EPS, IMPLS, compute_dtype, fused_state, fused_step, gated_linear_attention, gated_step,
                    linear_attention_qkv, mapped_linear_attention, triton_step, uses_fused_kernel, uses_triton_step)
-from ..dtypes import activation_dtype
 from ..ops.dense import Dense, dense
-from . import Attention, AttentionState, register
+from .base import Attention, AttentionState
 from .feature_maps import make_feature_map
+from .registry import register
 
 
 @dataclass
@@ -52,14 +54,18 @@ def feature_dtype(x):
 
 @register("linear")
 class LinearAttention(Attention):
-    """Args: d_model, n_heads, impl ('auto' or an `imagegen.ops` implementation name),
-    feature_map ('elu' (default), 'relu', 'favor', 'rff'; see feature_maps.py), n_features (F of
-    the random maps; default 64), redraw_every (random maps: a new draw every this many training
-    forwards; 0: never), gate ('none' (default), 'head' or 'input')."""
+    """Args: d_model, n_heads, and the options of `LinearOptions` (imagegen/config.py) as keywords: impl
+    ('auto' or an `imagegen.ops` implementation name), feature_map ('elu' (default), 'relu', 'favor',
+    'rff'; see feature_maps.py), n_features (F of the random maps; default 64), redraw_every (random
+    maps: a new draw every this many training forwards; 0: never), gate ('none' (default), 'head' or
+    'input')."""
+    Options = LinearOptions
 
-    def __init__(self, d_model, n_heads, impl="auto", feature_map="elu", n_features=None, redraw_every=0,
-                 gate="none"):
+    def __init__(self, d_model, n_heads, **options):
         super().__init__(d_model, n_heads)
+        o = self.parse_options(options)
+        impl, feature_map, n_features, redraw_every, gate = (o.impl, o.feature_map, o.n_features, o.redraw_every,
+                                                             o.gate)
         if impl not in IMPLS:
             raise UserError(f"unknown linear attention impl {impl!r}; choose one of {', '.join(IMPLS)} "
                             f"(model.attention_options.impl).")

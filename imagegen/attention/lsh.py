@@ -17,9 +17,11 @@ so evaluation is reproducible. LSH has no incremental state: it cannot `step`.
 import torch
 import torch.nn.functional as F
 
+from ..config import LSHOptions
 from ..errors import UserError
 from ..ops.dense import Dense
-from . import Attention, register
+from .base import Attention
+from .registry import register
 
 MASKED = -1e9      # score of a key a query may not see
 SELF = -1e5        # score of the query's own position: used only when nothing else is visible
@@ -27,11 +29,15 @@ SELF = -1e5        # score of the query's own position: used only when nothing e
 
 @register("lsh")
 class LSHAttention(Attention):
-    """Args: d_model, n_heads, n_hashes=1 (rounds), n_buckets=64 (even), chunk_size=32, eval_seed=0."""
+    """Args: d_model, n_heads, and the options of `LSHOptions` (imagegen/config.py) as keywords:
+    n_hashes=1 (rounds), n_buckets=64 (even), chunk_size=32, eval_seed=0."""
     can_step = False
+    Options = LSHOptions
 
-    def __init__(self, d_model, n_heads, n_hashes=1, n_buckets=64, chunk_size=32, eval_seed=0):
+    def __init__(self, d_model, n_heads, **options):
         super().__init__(d_model, n_heads)
+        o = self.parse_options(options)
+        n_hashes, n_buckets, chunk_size, eval_seed = o.n_hashes, o.n_buckets, o.chunk_size, o.eval_seed
         if n_buckets % 2 or n_buckets < 2:
             raise UserError(f"LSH n_buckets must be even and >= 2 (got {n_buckets}).")
         if n_hashes < 1 or chunk_size < 1:

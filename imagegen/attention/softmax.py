@@ -8,9 +8,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..config import SoftmaxOptions
 from ..dtypes import activation_dtype
 from ..ops.dense import Dense, dense
-from . import Attention, AttentionState, register
+from .base import Attention, AttentionState
+from .registry import register
 
 
 @dataclass
@@ -23,12 +25,14 @@ class KVCache(AttentionState):
 
 @register("softmax")
 class SoftmaxAttention(Attention):
-    """Exact causal softmax attention. Args: d_model, n_heads."""
+    """Exact causal softmax attention. Args: d_model, n_heads; no options (`SoftmaxOptions`)."""
+    Options = SoftmaxOptions
 
     bf16_cache = False   # keep the KV cache in bfloat16 under bfloat16 decoding (halves it; slower here)
 
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model, n_heads, **options):
         super().__init__(d_model, n_heads)
+        self.parse_options(options)
         self.qkv = Dense(d_model, 3 * d_model)
 
     def forward(self, x):                                    # x (N, L, D)

@@ -1,6 +1,6 @@
 """What every entry point shares: Hydra wiring, typed-config checks, --help, devices, one-line errors."""
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .. import config
@@ -115,10 +115,20 @@ def compose(config_name, overrides):
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         where = str(e).strip().splitlines()[0]
         key = getattr(cause, "full_key", None)
+        attention = next((a for a, o in config.ATTENTION_OPTIONS.items() if o is getattr(cause, "object_type", None)),
+                         None)
+        if attention and key and key.startswith("model.attention_options."):   # the options of model='s attention
+            option = key.split(".")[2]
+            if option not in {f.name for f in fields(config.ATTENTION_OPTIONS[attention])}:
+                raise UserError(config.unknown_option(attention, option)) from None
         if "not in" in first and key:
             typed = next((k for k in override_keys(overrides) if k == key or k.startswith(key + ".")), key)
             raise UserError(f"unknown option {typed!r}{did_you_mean(config_name, typed)}; {command_name(config_name)} "
                             f"--help lists the options.") from None
+        if first.startswith("Could not append to config. An item is already at"):      # +key=value of a key there
+            typed = first.split("'")[1]
+            value = next((a.partition("=")[2] for a in overrides if a.lstrip("+").startswith(typed + "=")), "...")
+            raise UserError(f"{typed} is already an option: set it without the + ({typed}={value}).") from None
         raise UserError(f"{where.rstrip('.')}: {first.rstrip('.')}; {command_name(config_name)} --help lists "
                         f"every option and its type.") from None
 
@@ -165,10 +175,34 @@ def help_text(config_name, argv=()):
             value = value.get(part) if isinstance(value, dict) else None
         lines.append(f"  {key}: {kind} = {value}")
         lines.append(f"      {text}")
+    if "model" in groups:
+        lines += [""] + attention_help(cfg["model"])
     if examples:
         lines += ["", "examples:"] + [f"  {e}" for e in examples]
     lines += ["", "Hydra's own flags (--cfg job, -m for sweeps, ...): --hydra-help."]
     return "\n".join(lines)
+
+
+def attention_help(model):
+    """The lines of --help that list each attention's options (config.ATTENTION_OPTIONS), with the model=
+    choices that pick it; the defaults shown for the attention of `model` (the composed section) are its
+    values there (model=lsh4: n_hashes 4)."""
+    from omegaconf import OmegaConf
+
+    picks = {}
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        picks.setdefault(OmegaConf.load(path).get("attention"), []).append(path.stem)
+    lines = ["attention options (model.attention_options.KEY=VALUE, no +; each attention has its own):"]
+    for attention, schema in config.ATTENTION_OPTIONS.items():
+        names = picks.get(attention)
+        chosen = f"model={'|'.join(names)}" if names else f"model.attention={attention}"
+        rows = config.describe(schema, "model.attention_options.")
+        lines.append(f"  {attention} ({chosen}){':' if rows else ': no options'}")
+        values = (model.get("attention_options") if model.get("attention") == attention else None) or {}
+        for f, (key, kind, text) in zip(fields(schema), rows):
+            lines.append(f"    {key}: {kind} = {values.get(f.name, f.default)}")
+            lines.append(f"        {text}")
+    return lines
 
 
 def early_watch():

@@ -18,14 +18,15 @@ WHAT; use another checkpoint ..." (`damaged`):
   check_run_state(state, path)       types and ranges of the run state
   check_resumable(ck, model, optimizer, path)  the last three, before a resume loads anything
 """
-import inspect
 import math
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from . import shipped
+from .. import config
 from ..data.sets import dataset_info
 from ..errors import UserError
 from ..tuning.machine import available_bytes
@@ -182,9 +183,11 @@ def architecture_diffs(then, now):
 
 def without_impl(model_cfg):
     """A model config without attention_options.impl: which implementation computes the attention
-    (C++ kernel, chunked PyTorch, Triton) is not part of the architecture, so a run may resume with another."""
-    opts = {k: v for k, v in (model_cfg.get("attention_options") or {}).items() if k != "impl"}
-    return {**model_cfg, "attention_options": opts}
+    (C++ kernel, chunked PyTorch, Triton) is not part of the architecture, so a run may resume with another.
+    The other options are filled in with their defaults, so that a checkpoint that stored only some
+    ({} or {impl: auto}, as older ones did) matches a config that lists them all."""
+    opts = config.full_attention_options(model_cfg.get("attention"), model_cfg.get("attention_options"))
+    return {**model_cfg, "attention_options": {k: v for k, v in opts.items() if k != "impl"}}
 
 
 def layer_count(weights):
@@ -201,11 +204,10 @@ def model_bytes(m):
 def check_buildable(cfg, weights, path, memory_bytes=None):
     """Before the model is built from a checkpoint's config: its attention takes the options named,
     the config's layer count matches the weights', and the weights fit (twice over) in memory_bytes."""
-    from ..attention import ATTENTIONS
     m = cfg["model"]
-    cls = ATTENTIONS.get(m["attention"])
-    if cls is not None:
-        takes = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "d_model", "n_heads")]
+    schema = config.ATTENTION_OPTIONS.get(m["attention"])
+    if schema is not None:
+        takes = [f.name for f in fields(schema)]
         extra = sorted(set(m.get("attention_options") or {}) - set(takes))
         if extra:
             raise damaged(path, f"its config gives {m['attention']} attention the option(s) {', '.join(extra)}, "

@@ -188,3 +188,29 @@ def test_a_run_that_fails_is_named_with_its_log(tmp_path):
     assert proc.returncode != 0 and "MNIST not found" in proc.stdout, proc.stdout
     assert proc.stderr.strip().splitlines()[-1].startswith("error: training failed for mnist-linear")
     assert "1 at a time" in proc.stdout and not (tmp_path / "out" / "paper-mnist.json").exists()
+
+
+def paper_run(out_dir, data, speeds):
+    """A finished mode=paper out_dir with made-up rows: {attention: (images/sec, recompute images/sec)}."""
+    out_dir.mkdir()
+    rows = [{"data": data, "attention": a, "test_bits_per_dim": 1.0 + i / 10, "images_per_sec": s,
+             "recompute_images_per_sec": r, "whole_image_seconds": 1.0 / s} for i, (a, (s, r)) in enumerate(speeds.items())]
+    (out_dir / f"paper-{data}.json").write_text(json.dumps({"rows": rows}))
+    (out_dir / f"paper-{data}.md").write_text(f"table of {data}\n")
+    (out_dir / f"paper-{data}.png").write_bytes(b"png of " + data.encode())
+
+
+def test_paper_tables_put_runs_side_by_side_with_linear_over_softmax(tmp_path, capsys):
+    from imagegen.benchmarks import paper_tables
+    paper_run(tmp_path / "m", "mnist", {"softmax": (2.0, 0.5), "linear": (20.0, None), "lsh": (0.1, None)})
+    paper_run(tmp_path / "c", "cifar10", {"softmax": (1.0, 0.01), "linear": (30.0, None)})
+    paper_tables.main([str(tmp_path / "m"), str(tmp_path / "c"), "--to", str(tmp_path / "docs" / "tables")])
+    rows = json.loads((tmp_path / "docs" / "tables.json").read_text())
+    assert [(r["data"], r["attention"]) for r in rows] == [("mnist", "softmax"), ("mnist", "linear"), ("mnist", "lsh"),
+                                                           ("cifar10", "softmax"), ("cifar10", "linear")]
+    md = (tmp_path / "docs" / "tables.md").read_text()
+    assert "| mnist | 10x | 40x | 10x | +0.1000 |" in md and "| cifar10 | 30x | 3000x | 30x | +0.1000 |" in md
+    assert "table of mnist" in md and "(tables-cifar10.png)" in md
+    assert (tmp_path / "docs" / "tables-mnist.png").read_bytes() == b"png of mnist"
+    with pytest.raises(UserError, match="holds 0 paper-<data>.json files"):
+        paper_tables.main([str(tmp_path / "docs" / "nothing"), "--to", str(tmp_path / "x")])

@@ -194,7 +194,8 @@ def paper_run(out_dir, data, speeds):
     """A finished mode=paper out_dir with made-up rows: {attention: (images/sec, recompute images/sec)}."""
     out_dir.mkdir()
     rows = [{"data": data, "attention": a, "test_bits_per_dim": 1.0 + i / 10, "images_per_sec": s,
-             "recompute_images_per_sec": r, "whole_image_seconds": 1.0 / s} for i, (a, (s, r)) in enumerate(speeds.items())]
+             "recompute_images_per_sec": r, "whole_image_seconds": 1.0 / s}
+            for i, (a, (s, r)) in enumerate(speeds.items())]
     (out_dir / f"paper-{data}.json").write_text(json.dumps({"rows": rows}))
     (out_dir / f"paper-{data}.md").write_text(f"table of {data}\n")
     (out_dir / f"paper-{data}.png").write_bytes(b"png of " + data.encode())

@@ -32,7 +32,7 @@ class Attention(nn.Module):
     """Base: heads bookkeeping and the output projection.
 
     Args: d_model (D), n_heads (H); D must be a multiple of H, E = M = D / H. Each attention's own
-    options are the fields of its `Options` dataclass (imagegen/config.py: one type, default and help
+    options are the fields of its `Options` dataclass (imagegen/config/schema.py: one type, default and help
     sentence each), which its __init__ takes as keyword arguments and reads through `parse_options`."""
     can_step = True
     Options = None                      # each attention's own dataclass

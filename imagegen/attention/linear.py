@@ -54,7 +54,7 @@ def feature_dtype(x):
 
 @register("linear")
 class LinearAttention(Attention):
-    """Args: d_model, n_heads, and the options of `LinearOptions` (imagegen/config.py) as keywords: impl
+    """Args: d_model, n_heads, and the options of `LinearOptions` (imagegen/config/schema.py) as keywords: impl
     ('auto' or an `imagegen.ops` implementation name), feature_map ('elu' (default), 'relu', 'favor',
     'rff'; see feature_maps.py), n_features (F of the random maps; default 64), redraw_every (random
     maps: a new draw every this many training forwards; 0: never), gate ('none' (default), 'head' or

@@ -29,7 +29,7 @@ SELF = -1e5        # score of the query's own position: used only when nothing e
 
 @register("lsh")
 class LSHAttention(Attention):
-    """Args: d_model, n_heads, and the options of `LSHOptions` (imagegen/config.py) as keywords:
+    """Args: d_model, n_heads, and the options of `LSHOptions` (imagegen/config/schema.py) as keywords:
     n_hashes=1 (rounds), n_buckets=64 (even), chunk_size=32, eval_seed=0."""
     can_step = False
     Options = LSHOptions

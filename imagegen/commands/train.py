@@ -1,4 +1,4 @@
-"""imagegen-train: train a PixelTransformer (Hydra app; see conf/train.yaml and imagegen/config.py)."""
+"""imagegen-train: train a PixelTransformer (Hydra app; see conf/train.yaml and imagegen/config/schema.py)."""
 from .cli import hydra_entry
 from ..training.trainer import train
 

@@ -24,7 +24,8 @@ def cpuinfo():
 def cpu_identity():
     """The CPU's model name and instruction-set flags (the lines that say what code runs fast on
     it), or what platform says where there is no /proc/cpuinfo."""
-    keep = [line for line in cpuinfo().splitlines() if line.split(":")[0].strip() in ("model name", "flags", "Features")]
+    keep = [line for line in cpuinfo().splitlines()
+            if line.split(":")[0].strip() in ("model name", "flags", "Features")]
     return "\n".join(sorted(set(keep))) if keep else (platform.processor() or platform.machine())
 
 

@@ -1,0 +1,171 @@
+"""Checks of a composed config before anything heavy starts: ranges (positive sizes, lr > 0, ...), the
+attention's options against its dataclass (schema.py), the classes asked for. Each failure is one
+UserError sentence naming the option and the fix."""
+import math
+import numbers
+from dataclasses import MISSING, fields
+from typing import Any
+
+from ..errors import UserError
+from .schema import ATTENTION_OPTIONS, type_name
+
+
+def attention_options(attention, options, schema=None):
+    """A model config's attention_options (a plain dict as configs and checkpoints hold it: empty, partial
+    or whole) as the attention's options dataclass, the missing ones at their defaults; a UserError of one
+    sentence for an option the attention does not have or a value of the wrong type. schema: the options
+    dataclass (None: ATTENTION_OPTIONS[attention])."""
+    schema = schema or ATTENTION_OPTIONS[attention]
+    known = {f.name: f.type for f in fields(schema)}
+    for key, value in (options or {}).items():
+        if key not in known:
+            raise UserError(unknown_option(attention, key, schema))
+        if not fits(value, known[key]):
+            raise UserError(f"model.attention_options.{key} of the {attention} attention must be "
+                            f"{type_name(known[key])}, got {value!r}.")
+    return schema(**(options or {}))
+
+
+def unknown_option(attention, key, schema=None):
+    """The sentence for model.attention_options.KEY that the attention does not have."""
+    import difflib
+
+    names = [f.name for f in fields(schema or ATTENTION_OPTIONS[attention])]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    takes = f"its options are {', '.join(names)}" if names else "it takes none"
+    return (f"the {attention} attention has no option {key!r} (model.attention_options.{key}{hint}); {takes} "
+            f"(--help lists each attention's).")
+
+
+def fits(value, kind):
+    """value is of the annotated type kind: int (not bool), float (or int), str, bool, Optional[...] of those."""
+    if kind in (Any, object):
+        return True
+    args = getattr(kind, "__args__", None)
+    if args:                                              # Optional[X]
+        return any(fits(value, a) for a in args)
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def full_attention_options(attention, options):
+    """attention_options with every option of the attention, the missing ones at their defaults (a plain
+    dict); unchanged for an attention with no options dataclass."""
+    if attention not in ATTENTION_OPTIONS:
+        return dict(options or {})
+    schema = ATTENTION_OPTIONS[attention]
+    defaults = {f.name: (f.default_factory() if f.default_factory is not MISSING else f.default)
+                for f in fields(schema)}
+    return {**defaults, **(options or {})}
+
+
+# ---------------------------------------------------------------- range checks
+def positive(cfg_section, keys, prefix):
+    for key in keys:
+        value = cfg_section[key]
+        if value is None or value <= 0:
+            raise UserError(f"{prefix}{key} must be a positive number, got {value}; pass {prefix}{key}=N with N > 0.")
+
+
+def fraction(value, key, low_open=False, high_open=False):
+    if not (0 <= value <= 1) or (low_open and value == 0) or (high_open and value == 1):
+        interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+        raise UserError(f"{key} must lie in {interval}, got {value}.")
+
+
+def check_model(m, memory_bytes=None, prefix="model."):
+    """Sizes positive, dropout a rate, and the parameters (with gradients and Adam's two moments)
+    within `memory_bytes` when given."""
+    positive(m, ("n_layers", "d_model", "n_heads", "d_ff", "n_mixtures"), prefix)
+    fraction(m["dropout"], prefix + "dropout")
+    if m.get("num_classes", 0) < 0:
+        raise UserError(f"{prefix}num_classes must be >= 0 (0: unconditional), got {m['num_classes']}.")
+    if m["d_model"] % m["n_heads"]:
+        raise UserError(f"{prefix}d_model={m['d_model']} is not a multiple of {prefix}n_heads={m['n_heads']}; "
+                        f"pick values that divide.")
+    if memory_bytes:
+        d, ff = m["d_model"], m["d_ff"]
+        params = m["n_layers"] * (4 * d * d + 2 * d * ff) + 300 * d
+        need = 16 * params                   # float32 weights, gradients and two Adam moments
+        if need > memory_bytes:
+            raise UserError(f"the model has about {params / 1e9:.1f}G parameters, needing {need / 2**30:.0f} GiB "
+                            f"for weights, gradients and optimizer state, more than the {memory_bytes / 2**30:.0f} GiB "
+                            f"available; lower model.n_layers, model.d_model or model.d_ff.")
+
+
+def check_train(cfg, memory_bytes=None):
+    t = cfg["train"]
+    positive(t, ("batch_size", "lr", "max_steps", "val_every", "val_images", "save_every", "log_every",
+                 "sample_images"), "train.")
+    if t["max_minutes"] is not None:
+        positive(t, ("max_minutes",), "train.")
+    if t.get("clock", "wall") not in ("wall", "cpu"):
+        raise UserError(f"train.clock must be wall or cpu, got {t['clock']!r}.")
+    for key in ("warmup_steps", "weight_decay", "grad_clip", "sample_every", "sample_minutes"):
+        if t[key] < 0:
+            raise UserError(f"train.{key} must be >= 0, got {t[key]}.")
+    fraction(t["min_lr_ratio"], "train.min_lr_ratio")
+    fraction(t["label_dropout"], "train.label_dropout")
+    if not 0 <= t["ema"] < 1:
+        raise UserError(f"train.ema must lie in [0, 1) (0: off), got {t['ema']}.")
+    if len(t["betas"]) != 2 or not all(0 <= b < 1 for b in t["betas"]):
+        raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
+    fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
+    check_model(cfg["model"], memory_bytes)
+    if cfg["model"]["attention"] in ATTENTION_OPTIONS:     # an option the attention lacks (+key=...), a wrong type
+        attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
+
+
+def check_sampling(**values):
+    """The numbers of a sampling request, checked alike for imagegen-sample (check_sample) and the Python
+    API: counts (n, num_images, nrow, batch_size, ...) whole numbers > 0, temperature a finite number > 0,
+    guidance a finite number >= 0 (None: the model's default); one sentence naming the value and the fix."""
+    for key, value in values.items():
+        if key == "guidance":
+            if value is not None and not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
+                raise UserError(f"guidance must be a finite number >= 0, got {value}; pass guidance=G with G >= 0 "
+                                f"(1: the plain conditional distribution).")
+        elif key == "temperature":
+            if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
+                raise UserError(f"temperature must be a finite number > 0, got {value}; pass temperature=T with "
+                                f"T > 0 (1 samples the model's distribution).")
+        elif not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0):
+            raise UserError(f"{key} must be a positive number, got {value}; pass {key}=N with N a whole number > 0.")
+
+
+def check_classes(labels, class_names, key="labels"):
+    """Each of labels (class numbers) names a class of the model, or is -1 (no label); else one sentence
+    naming the bad one and the classes there are."""
+    bad = [v for v in labels if not -1 <= v < len(class_names)]
+    if bad:
+        named = [f"{i}: {n}" for i, n in enumerate(class_names) if n != str(i)]
+        names = f" ({', '.join(named[:10])}{', ...' if len(named) > 10 else ''})" if named else ""
+        raise UserError(f"{key} holds {bad[0]}, which is not a class of this model; use class numbers "
+                        f"0..{len(class_names) - 1}{names}.")
+
+
+def check_sample(cfg):
+    if cfg["mode"] not in ("grid", "complete"):
+        raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
+    if cfg.get("originals", "first") not in ("first", "per_class"):
+        raise UserError(f"originals must be first or per_class, got {cfg['originals']!r}.")
+    check_sampling(**{k: cfg[k] for k in ("num_images", "num_originals", "completions", "nrow", "scale",
+                                          "batch_size", "temperature", "guidance")})
+    labels = cfg.get("labels", "auto")
+    if not (labels in ("auto", "none", None) or (isinstance(labels, list) and labels
+                                                   and all(isinstance(v, int) for v in labels))):
+        raise UserError(f"labels must be auto, none or a list of class numbers such as labels=[0,1,2], got {labels!r}.")
+    if cfg.get("label") is not None and isinstance(labels, list):
+        raise UserError("give label=N (one class for the whole grid) or labels=[...] (a row per class), not both.")
+
+
+def check_eval(cfg):
+    positive(cfg, ("batch_size", "lsh_draws"), "")
+    if cfg["max_images"] is not None:
+        positive(cfg, ("max_images",), "")

@@ -29,6 +29,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_linear", &decode_linear,
         "decode_linear(x, W, b) -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed in float32; "
         "float32 W (O / P, K, P) in panels of P = decode_panel_width() columns)");
+  m.def("decode_linear_int8", &decode_linear_int8, pybind11::arg("x"), pybind11::arg("Wq"), pybind11::arg("scales"),
+        pybind11::arg("colsums"), pybind11::arg("b"), pybind11::arg("vnni") = true,
+        "decode_linear_int8(x, Wq, scales, colsums, b, vnni=True) -> (N, O) float32: b + x W, x quantized per row "
+        "to 8 bits, W packed by imagegen.ops.int8.pack_int8; AVX512-VNNI where the CPU has it and vnni");
+  m.def("decode_int8_vnni", &decode_int8_vnni, "whether decode_linear_int8 runs AVX512-VNNI on this CPU");
   m.def("decode_panel_width", &decode_panel_width, "the columns per panel of decode_linear's float32 panels");
   m.def("decode_step", &decode_step_cpu,
         "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer; "

@@ -3,6 +3,7 @@
 //   fused_attention.cpp  the normalised elu+1 attention fused, forward (and decoding) and backward
 //   decode_step.cpp      one decoding position of a whole linear PixelTransformer, with its
 //                        bfloat16 products and residual add + LayerNorm
+//   int8_linear.cpp      the small-batch int8 products of decoding (AVX512-VNNI where the CPU has it)
 // The shared vector helpers are in vec.h; the shape checks shared with the CUDA source in qkv_checks.h.
 #pragma once
 
@@ -76,3 +77,11 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
 int64_t decode_panel_width();
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps);
+
+// ---- int8_linear.cpp
+// b + x W for a few float32 rows x (N, K) and W packed by imagegen.ops.int8.pack_int8: Wq int8
+// (ceil(O / 64), ceil(K / 4), 64, 4), scales (O) float32, colsums (O) int32; vnni=false takes the
+// portable loop even where the CPU has AVX512-VNNI (the tests compare the two).
+at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& scales,
+                              const at::Tensor& colsums, const at::Tensor& b, bool vnni);
+bool decode_int8_vnni();

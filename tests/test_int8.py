@@ -149,3 +149,95 @@ def test_eval_and_sample_at_int8(mnist_root, tmp_path):
     proc = run("imagegen-sample", f"checkpoint={tmp_path / 'last.pt'}", "precision=int8", "num_images=4", "nrow=2",
                "labels=none", f"out={out}", "threads=1", "progress=false")
     assert out.exists() and "int8 (precision=int8)" in proc.stdout
+
+
+# ---- the C++ kernel's small-batch int8 product (decode_linear_int8; csrc/int8_linear.cpp) ----------
+
+@pytest.fixture(scope="module")
+def int8_kernel():
+    from imagegen.ops.build import kernel_error, load_kernel
+    from fixtures import skip_without_cpu_kernel
+    why = kernel_error("cpu")
+    if why is not None:
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
+    return load_kernel("cpu")
+
+
+# the model's shapes (paper_cifar's per-layer qkv, out, ff1, ff2; the small presets') and a ragged one
+# (K not a multiple of 4, O not of 64: both padded)
+KERNEL_SHAPES = [(256, 768), (256, 256), (256, 1024), (1024, 256), (128, 384), (128, 512), (512, 128), (130, 70)]
+
+
+def int8_case(d_in, d_out, rows):
+    from imagegen.ops.int8 import pack_int8
+    g = torch.Generator().manual_seed(d_in * 7 + d_out + rows)
+    w = torch.randn(d_in, d_out, generator=g) * 0.05
+    b = torch.randn(d_out, generator=g) * 0.1
+    x = torch.randn(rows, d_in, generator=g)
+    x[0, 3] = 4.0                                   # one large activation: the row's scale
+    return x, w, b, pack_int8(w)
+
+
+@pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "portable"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("d_in, d_out", KERNEL_SHAPES)
+def test_int8_kernel_is_its_reference(int8_kernel, d_in, d_out, rows, vnni):
+    """The kernel's int32 sums are exact and equal the reference's: the outputs differ only by the
+    rounding of the last multiply-add, which the kernel may fuse: |got - want| <= 2^-22 (|want| + |b|).
+    A sum off by one would miss that bound for |sums| under 2^22 (here they stay under 2^20)."""
+    from imagegen.ops.int8 import linear_int8_reference
+    x, w, b, packed = int8_case(d_in, d_out, rows)
+    got = int8_kernel.decode_linear_int8(x, *packed, b, vnni)
+    want = linear_int8_reference(x, packed, b)
+    assert got.dtype == torch.float32 and got.shape == (rows, d_out)
+    assert ((got - want).abs() <= 2.0 ** -22 * (want.abs() + b.abs())).all()
+    if vnni and not int8_kernel.decode_int8_vnni():
+        pytest.skip("no AVX512-VNNI here: vnni=True ran the portable loop")
+
+
+@pytest.mark.parametrize("rows", [1, 4, 5])
+@pytest.mark.parametrize("d_in, d_out", KERNEL_SHAPES)
+def test_int8_kernel_tracks_float32(int8_kernel, d_in, d_out, rows):
+    """Within the bound of 8-bit rounding, per output: x = xq + dx, w = wq + dw with |dx| <= sx / 2
+    (sx = max|x_row| / 127) and |dw| <= scale / 2, so |x w - xq wq| <= sx / 2 sum_k |w_k| +
+    scale / 2 sum_k |xq_k| (plus float32 rounding: 1e-5 of the output's scale); and the error's norm
+    under PRODUCT_REL (2%) of the float32 output's."""
+    from imagegen.ops.int8 import quantize_rows
+    x, w, b, packed = int8_case(d_in, d_out, rows)
+    got = int8_kernel.decode_linear_int8(x, *packed, b)
+    want = (x.double() @ w.double() + b.double())
+    xs, sx = quantize_rows(x)
+    xq = xs.double() * sx.double()[:, None]
+    bound = (sx.double()[:, None] / 2 * w.double().abs().sum(0)
+             + packed[1].double() / 2 * xq.abs().sum(1, keepdim=True))
+    err = (got.double() - want).abs()
+    assert (err <= 1.001 * bound + 1e-5 * want.abs().max()).all()
+    assert err.norm() < PRODUCT_REL * want.norm() and err.max() > 0
+
+
+def test_pack_int8_rounds_each_column_and_lays_it_out(int8_kernel):
+    from imagegen.ops.int8 import INT8_GROUP, INT8_PANEL, pack_int8, unpack_int8
+    w = torch.randn(130, 70)
+    Wq, scales, colsums = pack_int8(w)
+    assert Wq.dtype == torch.int8 and Wq.shape == (2, 33, INT8_PANEL, INT8_GROUP) and Wq.is_contiguous()
+    torch.testing.assert_close(scales, w.abs().amax(0) / 127)
+    q = unpack_int8((Wq, scales, colsums), 130)
+    assert torch.equal(q, torch.round(w / scales).clamp(-127, 127).to(torch.int8))
+    assert q.abs().amax(0).eq(127).all() and torch.equal(colsums, q.sum(0, dtype=torch.int32))
+    assert Wq.sum(dtype=torch.int64) == q.sum(dtype=torch.int64)        # the padding is zero
+    assert Wq[0, 0, 1, 2] == q[2, 1] and Wq[1, 32, 5, 1] == q[129, 69]
+
+
+def test_int8_kernel_zero_rows_and_bad_packing(int8_kernel):
+    from imagegen.ops.int8 import pack_int8
+    w, b = torch.randn(64, 128), torch.randn(128)
+    packed = pack_int8(w)
+    x = torch.zeros(2, 64)
+    x[1] = torch.randn(64)
+    got = int8_kernel.decode_linear_int8(x, *packed, b)
+    assert torch.equal(got[0], b)                                         # a zero row: the bias
+    assert int8_kernel.decode_linear_int8(torch.zeros(0, 64), *packed, b).shape == (0, 128)
+    with pytest.raises(RuntimeError, match="pack_int8|must match"):
+        int8_kernel.decode_linear_int8(torch.randn(1, 60), *packed, b)   # K = 60: 15 groups, not 16
+    with pytest.raises(RuntimeError, match="pack_int8|must match"):
+        int8_kernel.decode_linear_int8(torch.randn(1, 64), packed[0], packed[1], packed[2].long(), b)

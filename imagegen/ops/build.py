@@ -32,8 +32,9 @@ from ..paths import data_dir
 from ..tuning.machine import cpu_identity
 
 CSRC = data_dir("csrc")
-# CPU: one file per job (the numerator, the fused attention, the whole-model decoding step) and the module
-SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "bindings.cpp"],
+# CPU: one file per job (the numerator, the fused attention, the whole-model decoding step, its int8
+# products) and the module
+SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "int8_linear.cpp", "bindings.cpp"],
            "cuda": ["causal_product_cuda.cu"]}
 # included by the sources (qkv_checks.h by both): part of the build key
 HEADERS = ["cpu_kernel.h", "vec.h", "qkv_checks.h"]

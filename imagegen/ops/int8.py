@@ -7,6 +7,12 @@ torch.ops.quantized.linear_dynamic, which quantizes x per call (one scale and ze
 and returns float32. Everything around the products (the residual stream, LayerNorm, the attention's
 sums, the head) stays float32. At one row it is slower than float32, at many faster (timings:
 docs/notes/code-measurements.md).
+
+For 1-4 rows the C++ kernel has its own int8 product (csrc/int8_linear.cpp, `decode_linear_int8`):
+`pack_int8` lays W out for it (8 bits per weight, one scale per output column as `quantize`, in
+panels of 64 columns by groups of 4 k), the kernel quantizes each row of x with its own scale and
+sums in int32 (AVX512-VNNI where the CPU has it); `linear_int8_reference` computes the same in
+plain PyTorch.
 """
 import contextlib
 import functools
@@ -64,3 +70,61 @@ def is_int8(w):
 def linear_int8(x, w):
     """x (rows, d_in) float -> (rows, d_out) float32 through `quantize`'s packed weight (and its bias)."""
     return torch.ops.quantized.linear_dynamic(x.float().contiguous(), w, int8_reduce_range())
+
+
+INT8_PANEL = 64   # output columns per panel of `pack_int8`'s layout
+INT8_GROUP = 4    # consecutive k per 32-bit lane (AVX512-VNNI's vpdpbusd sums 4 byte products)
+
+
+def pack_int8(w):
+    """w (d_in, d_out) float -> (Wq, scales, colsums) for the C++ kernel's `decode_linear_int8`:
+    q = round(w / scale) in [-127, 127] with scale = max|w| / 127 per output column (float32, as
+    `quantize`'s); Wq int8 (ceil(d_out / 64), ceil(d_in / 4), 64, 4): panels of 64 columns, in each
+    the groups of 4 consecutive k with each column's 4 weights together, zero-padded; scales (d_out,)
+    float32; colsums (d_out,) int32, the sum of each column's q."""
+    w = w.detach().float()
+    K, O = w.shape
+    scales = (w.abs().amax(0) / 127).clamp_min(1e-12)
+    q = torch.round(w / scales).clamp(-127, 127).to(torch.int8)
+    Kp = -(-K // INT8_GROUP) * INT8_GROUP
+    Op = -(-O // INT8_PANEL) * INT8_PANEL
+    padded = torch.zeros(Kp, Op, dtype=torch.int8)
+    padded[:K, :O] = q
+    Wq = padded.view(Kp // INT8_GROUP, INT8_GROUP, Op // INT8_PANEL, INT8_PANEL).permute(2, 0, 3, 1).contiguous()
+    return Wq, scales.contiguous(), q.sum(0, dtype=torch.int32)
+
+
+def unpack_int8(packed, d_in):
+    """The int8 weights q (d_in, d_out) of `pack_int8`'s (Wq, scales, colsums)."""
+    Wq, scales, _ = packed
+    P, G, C, T = Wq.shape
+    return Wq.permute(1, 3, 0, 2).reshape(G * T, P * C)[:d_in, :len(scales)]
+
+
+def quantize_rows(x):
+    """x (N, K) -> (xs int32 in [-127, 127], sx float32 (N,)): each row rounded to 8 bits with its own
+    scale, as `decode_linear_int8` does: sx = max|x| / 127, xs = round(x * (127 / max|x|)), ties to
+    even, every product rounded to float32 first (0 for a row of zeros)."""
+    x = x.float()
+    amax = x.abs().amax(1)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    xs = torch.round(x * inv[:, None]).clamp(-127, 127).to(torch.int32)
+    return xs, amax / 127
+
+
+def linear_int8_reference(x, packed, b):
+    """What `decode_linear_int8(x, *packed, b)` computes, in plain PyTorch: x quantized per row
+    (`quantize_rows`), acc = xs q summed exactly (float64 holds every such sum), then in float32
+    out = float32(acc) * (sx * scale) + b. The kernel may fuse the last multiply-add (one rounding
+    fewer): its outputs are within float32 rounding of these."""
+    xs, sx = quantize_rows(x)
+    q = unpack_int8(packed, x.shape[1])
+    acc = (xs.double() @ q.double()).to(torch.int32)
+    return acc.float() * (sx[:, None] * packed[1][None, :]) + b.float()
+
+
+def linear_int8_kernel(x, packed, b, vnni=True):
+    """b + x W through the C++ kernel's `decode_linear_int8` (built on first use) for W packed by
+    `pack_int8`; vnni=False takes its portable loop even where the CPU has AVX512-VNNI."""
+    from .build import load_kernel
+    return load_kernel("cpu").decode_linear_int8(x, *packed, b, vnni)

@@ -43,7 +43,8 @@ void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
 // decode_head_weights), which tests/test_ops.py compares with the fields of imagegen.ops.kernel's
 // DecodeLayer and DecodeHead, the named tuples PixelTransformer.kernel_weights builds.
 // The products' weights and biases (qkv, out, ff1, ff2: DecodeLayer::products) are in the products'
-// dtype, bfloat16 for bfloat16 decoding (prepacked for oneDNN at larger batches: see packed_linear);
+// dtype, bfloat16 for bfloat16 decoding (prepacked for oneDNN at larger batches: see packed_linear),
+// or int8 weights in int8_linear.cpp's step form with float32 biases (int8 decoding, 1-4 rows);
 // the LayerNorms' are in the parameters' dtype; state is the block's fused attention state
 // (attention_state), advanced in place.
 #define DECODE_LAYER_WEIGHTS(X)                     \
@@ -85,3 +86,6 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
 at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& scales,
                               const at::Tensor& colsums, const at::Tensor& b, bool vnni);
 bool decode_int8_vnni();
+// the same product in decode_step's form: extra float32 (3, O) = the bias, the scales and the column
+// sums' int32 bits (imagegen.ops.int8.step_form); decode_linear takes it for 4-d int8 weights
+at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra);

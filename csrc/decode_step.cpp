@@ -212,10 +212,12 @@ int64_t decode_panel_width() { return kPanel; }
 
 // b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
 // dtype, as torch.addmm(b, x.to(W.dtype), W): through oneDNN for a prepacked W (see packed_linear),
-// through linear_f32_panels for float32 W in panels (see panel_linear), through linear_bf16_range
+// through linear_f32_panels for float32 W in panels (see panel_linear), through int8_linear.cpp for
+// int8 W in its step form (float32 out), through linear_bf16_range
 // for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
 at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
   if (W.is_mkldnn()) return packed_linear(x, W, b);
+  if (W.dim() == 4 && W.scalar_type() == at::kChar) return decode_linear_int8_step(x, W, b);  // int8_linear.cpp
   if (W.dim() == 3) return panel_linear(x, W, b);
   const int64_t N = x.size(0), K = x.size(1), O = W.size(1);
   if (W.scalar_type() != at::kBFloat16 || N > kLinMaxRows || O % kLinCols || !W.is_contiguous() ||
@@ -269,11 +271,16 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
   const int64_t N = h.size(0), D = h.size(1), E = D / n_heads;
   for (const auto& w : layers)
     TORCH_CHECK(w.size() == Layer::count, "decode_step: each layer takes ", int(Layer::count), " tensors");
-  const auto dtype = layers.front()[Layer::qkv_weight].scalar_type();  // the products' dtype
+  // the products' dtype: that of their weights and biases, or int8 weights (int8_linear.cpp's step form)
+  // with float32 biases (and scales), which take and return float32
+  const auto weights = layers.front()[Layer::qkv_weight].scalar_type();
+  const auto dtype = weights == at::kChar ? at::kFloat : weights;
   for (const auto& w : layers)
-    for (const auto j : Layer::products)
-      TORCH_CHECK(w[j].scalar_type() == dtype,
-                  "decode_step: every block's Dense weights and biases must share one dtype");
+    for (const auto j : Layer::products) {
+      const bool bias = j == Layer::qkv_bias || j == Layer::out_bias || j == Layer::ff1_bias || j == Layer::ff2_bias;
+      TORCH_CHECK(w[j].scalar_type() == (bias ? dtype : weights),
+                  "decode_step: every block's Dense weights must share one dtype, and their biases too");
+    }
   auto attention = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {  // LayerNorm'd x -> (N, D)
     auto qkv = decode_linear(x, w[Layer::qkv_weight], w[Layer::qkv_bias]).view({N, 3, n_heads, 1, E});
     return std::get<0>(attention_forward_cpu(qkv.select(1, 0), qkv.select(1, 1), qkv.select(1, 2), eps,

@@ -239,19 +239,11 @@ void int8_panels(PanelFn panel, const uint8_t* xu, const float* sx, const int8_t
 
 bool decode_int8_vnni() { return cpu_has_vnni(); }
 
-at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& scales,
-                              const at::Tensor& colsums, const at::Tensor& b, bool vnni) {
-  TORCH_CHECK(x.dim() == 2 && Wq.dim() == 4 && Wq.scalar_type() == at::kChar && Wq.is_contiguous() &&
-                  Wq.size(2) == kI8Cols && Wq.size(3) == kI8Group,
-              "decode_linear_int8: x must be (N, K) and Wq contiguous int8 (ceil(O / ", kI8Cols, "), ceil(K / ",
-              kI8Group, "), ", kI8Cols, ", ", kI8Group, "); see imagegen.ops.int8.pack_int8");
-  const int64_t N = x.size(0), K = x.size(1), G = Wq.size(1), O = scales.numel();
-  TORCH_CHECK((K + kI8Group - 1) / kI8Group == G && G * kI8Group <= 65536 &&
-                  Wq.size(0) == (O + kI8Cols - 1) / kI8Cols && scales.scalar_type() == at::kFloat &&
-                  scales.is_contiguous() && colsums.scalar_type() == at::kInt && colsums.is_contiguous() &&
-                  colsums.numel() == O && b.scalar_type() == at::kFloat && b.is_contiguous() && b.numel() == O,
-              "decode_linear_int8: Wq (", Wq.sizes(), ") must match x's K = ", K, " (at most 65536) and O = ", O,
-              " (scales' length), with float32 scales, int32 colsums and a float32 bias of O each");
+namespace {
+// the product itself, for checked arguments: x (N, K), Wq (P, G, 64, 4), O columns
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& Wq, const float* sp, const int32_t* cp, const float* bp,
+                       int64_t O, bool vnni) {
+  const int64_t N = x.size(0), K = x.size(1), G = Wq.size(1);
   const auto xc = x.to(at::kFloat).contiguous();
   auto out = at::empty({N, O}, xc.options());
   if (N == 0 || O == 0) return out;
@@ -270,8 +262,6 @@ at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const a
     quantize_row(xp + n * K, xu.data() + n * Kp, sx.data() + n, K, Kp);
   }
   const int8_t* Wp = Wq.data_ptr<int8_t>();
-  const float *sp = scales.data_ptr<float>(), *bp = b.data_ptr<float>();
-  const int32_t* cp = colsums.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   PanelFn panel = int8_panel_rows;
 #ifdef CP_HAVE_VNNI_PATH
@@ -283,4 +273,36 @@ at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const a
     int8_panels(panel, xu.data(), sx.data(), Wp, sp, cp, bp, op, N, G, O, begin, end);
   });
   return out;
+}
+}  // namespace
+
+at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& scales,
+                              const at::Tensor& colsums, const at::Tensor& b, bool vnni) {
+  TORCH_CHECK(x.dim() == 2 && Wq.dim() == 4 && Wq.scalar_type() == at::kChar && Wq.is_contiguous() &&
+                  Wq.size(2) == kI8Cols && Wq.size(3) == kI8Group,
+              "decode_linear_int8: x must be (N, K) and Wq contiguous int8 (ceil(O / ", kI8Cols, "), ceil(K / ",
+              kI8Group, "), ", kI8Cols, ", ", kI8Group, "); see imagegen.ops.int8.pack_int8");
+  const int64_t K = x.size(1), G = Wq.size(1), O = scales.numel();
+  TORCH_CHECK((K + kI8Group - 1) / kI8Group == G && G * kI8Group <= 65536 &&
+                  Wq.size(0) == (O + kI8Cols - 1) / kI8Cols && scales.scalar_type() == at::kFloat &&
+                  scales.is_contiguous() && colsums.scalar_type() == at::kInt && colsums.is_contiguous() &&
+                  colsums.numel() == O && b.scalar_type() == at::kFloat && b.is_contiguous() && b.numel() == O,
+              "decode_linear_int8: Wq (", Wq.sizes(), ") must match x's K = ", K, " (at most 65536) and O = ", O,
+              " (scales' length), with float32 scales, int32 colsums and a float32 bias of O each");
+  return int8_linear(x, Wq, scales.data_ptr<float>(), colsums.data_ptr<int32_t>(), b.data_ptr<float>(), O, vnni);
+}
+
+// decode_step's form (imagegen.ops.int8.step_form): Wq as above and one float32 (3, O) tensor in the
+// bias slot holding the bias, the scales and the column sums (their int32 bits, copied as they are).
+at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra) {
+  const int64_t O = extra.dim() == 2 ? extra.size(1) : -1;
+  TORCH_CHECK(x.dim() == 2 && Wq.dim() == 4 && Wq.scalar_type() == at::kChar && Wq.is_contiguous() &&
+                  Wq.size(2) == kI8Cols && Wq.size(3) == kI8Group && Wq.size(1) == (x.size(1) + kI8Group - 1) / kI8Group &&
+                  Wq.size(1) * kI8Group <= 65536 &&
+                  extra.scalar_type() == at::kFloat && extra.is_contiguous() && extra.size(0) == 3 &&
+                  Wq.size(0) == (O + kI8Cols - 1) / kI8Cols,
+              "decode_linear: int8 weights must be pack_int8's Wq for x's K with a float32 (3, O) bias, scales and "
+              "column sums; see imagegen.ops.int8.step_form");
+  const float* e = extra.data_ptr<float>();
+  return int8_linear(x, Wq, e + O, reinterpret_cast<const int32_t*>(e + 2 * O), e, O, true);
 }

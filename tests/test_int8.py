@@ -16,7 +16,7 @@ from imagegen.ops.dense import Dense, dense, int8_weights
 from imagegen.ops.int8 import can_int8, int8_reduce_range
 from imagegen.sampling.decode import generate
 from commands import TINY, eval_at, one_line_error, run
-from fixtures import decode_params, scaled_model
+from fixtures import decode_params, scaled_model, skip_without_cpu_kernel
 
 CPU = torch.device("cpu")
 pytestmark = [pytest.mark.skipif(can_int8() is not None, reason=f"no int8 products here: {can_int8()}"),
@@ -48,9 +48,11 @@ def test_int8_dense_tracks_float32(batch, d_in, d_out):
     assert err.norm() < PRODUCT_REL * want.norm()
     assert err.max() < PRODUCT_MAX * want.abs().max()
     assert err.max() > 0                               # not float32 in disguise
-    packed_weight = torch.ops.quantized.linear_unpack(weights[0])[0]     # (d_out, d_in), one scale per output
-    scales = packed_weight.q_per_channel_scales().float()
-    torch.testing.assert_close(scales, layer.weight.detach().abs().amax(0) / 127)
+    if isinstance(weights[0], torch.Tensor):            # the C++ kernel's product (`int8.step_form`, 1-4 rows)
+        scales = weights[1][1]
+    else:                                               # fbgemm's packed weight, (d_out, d_in)
+        scales = torch.ops.quantized.linear_unpack(weights[0])[0].q_per_channel_scales().float()
+    torch.testing.assert_close(scales, layer.weight.detach().abs().amax(0) / 127)   # one scale per output
 
 
 def test_int8_weights_run_the_forward_then_give_it_back():
@@ -74,16 +76,25 @@ DECODE_ATOL, DECODE_REL, DECODE_TV = 0.1, 0.03, 0.01
 
 @pytest.mark.parametrize("batch", [3, 8])
 @pytest.mark.parametrize("attention, impl", [("linear", "auto"), ("linear", "chunked"), ("softmax", "auto")])
-def test_int8_decoding_tracks_float32(attention, impl, batch):
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel-product", "fbgemm"])
+def test_int8_decoding_tracks_float32(attention, impl, batch, kernel, monkeypatch):
+    """int8 decoding against float32's: with the C++ kernel's int8 product at 1-4 rows (the one-call C++
+    step for the fused linear attention, else the module loop), or fbgemm's in the module loop."""
+    from imagegen.ops import dense as dense_mod
+    from imagegen.ops.build import kernel_error
+    if kernel and kernel_error("cpu") is not None:
+        skip_without_cpu_kernel("the CPU kernel is unavailable")
+    monkeypatch.setattr(dense_mod, "takes_kernel", lambda rows, *shape: kernel and 1 <= rows <= 4)
     model = scaled_model(attention, length=100, impl=impl)
     x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(1))
     want, _ = decode_params(model, x, torch.float32)
     got, state = decode_params(model, x, INT8)
-    assert state.kernel is None                         # int8: the module loop, not the one-call C++ step
+    product = kernel and batch <= 4
+    assert (state.kernel is not None) == (product and attention == "linear" and impl == "auto")
     layer = state.layers[0]
     sums = layer.attn.S if attention == "linear" else layer.attn.k
     assert sums.dtype == torch.float32 and got.dtype == torch.float32
-    assert not isinstance(layer.attn.qkv[0], torch.Tensor) and state.head is not None    # packed int8, once
+    assert isinstance(layer.attn.qkv[0], torch.Tensor) == product and state.head is not None    # int8, once
     assert want.abs().max() > 1.0
     err = (got - want).abs()
     assert err.max() < DECODE_ATOL and err.norm() < DECODE_REL * want.norm() and err.max() > 0
@@ -241,3 +252,14 @@ def test_int8_kernel_zero_rows_and_bad_packing(int8_kernel):
         int8_kernel.decode_linear_int8(torch.randn(1, 60), *packed, b)   # K = 60: 15 groups, not 16
     with pytest.raises(RuntimeError, match="pack_int8|must match"):
         int8_kernel.decode_linear_int8(torch.randn(1, 64), packed[0], packed[1], packed[2].long(), b)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_dense_runs_the_kernels_step_form_as_its_reference(int8_kernel, rows):
+    """`dense` on `step_form`'s (Wq, extra) (what Dense.cast gives decoding at 1-4 rows, and the one-call
+    step reads) computes `linear_int8_reference`'s product."""
+    from imagegen.ops.int8 import linear_int8_reference, step_form
+    x, w, b, packed = int8_case(256, 768, rows)
+    want = linear_int8_reference(x, packed, b)
+    got = dense(x, step_form(w, b))
+    assert torch.allclose(got, want, rtol=2 ** -22, atol=2 ** -22 * (want.abs().max() + b.abs().max()).item())

@@ -148,15 +148,16 @@ class PixelTransformer(nn.Module):
         parameters'; bfloat16 for float32 parameters converts their weights once, here). When every
         layer steps through the fused CPU kernel (linear attention), the whole step runs as one
         C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
-        dtype layers.INT8 (int8 products, quantized here once): every Dense product, the head's
-        included, runs through fbgemm (`layers.dense`), so the step takes the Python module loop, the
-        attention's own C++ step inside it; the one-call C++ step (ops.decode_step) reads plain float
-        or bfloat16 weights only."""
+        dtype dtypes.INT8 (int8 products, quantized here once): every Dense product, the head's included,
+        in int8 (`ops.dense`): at 1-4 rows through the C++ kernel's int8 product where `ops.int8.takes_kernel`,
+        then in the one-call C++ step too (its head float32), else fbgemm's in the Python module loop."""
         dtype = dtype or self.proj.weight.dtype
         layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
         state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device),
                               head=self.proj.cast(dtype, batch) if dtype == INT8 else None)
-        if whole_model_kernel and dtype != INT8 and all(getattr(s.attn, "form", None) == "fused" for s in layers):
+        kernel_form = dtype != INT8 or all(isinstance(w, torch.Tensor) for s in layers    # no fbgemm weight
+                                           for w in (s.attn.qkv[0], s.attn.out[0], s.ff[0][0], s.ff[1][0]))
+        if whole_model_kernel and kernel_form and all(getattr(s.attn, "form", None) == "fused" for s in layers):
             state.kernel = self.kernel_weights(layers)
         return state
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..dtypes import INT8
 from .build import load_kernel
-from .int8 import is_int8, linear_int8, quantize
+from .int8 import is_int8, linear_int8, quantize, step_form, takes_kernel
 from .layout import is_packed, linear_prepacked, pack
 
 
@@ -40,8 +40,11 @@ class Dense(nn.Module):
         """(weight, bias) for products in `dtype` at `batch` rows: detached copies converted once
         (decoding states carry them), the weight prepacked by `pack` where it can be; the
         parameters themselves when they already are of dtype and the weight is not packed.
-        dtype INT8: (fbgemm's packed int8 weight and bias, None), see `quantize`."""
+        dtype INT8: at 1-4 rows where `takes_kernel`, the C++ kernel's (Wq, extra) (`int8.step_form`),
+        else (fbgemm's packed int8 weight and bias, None), see `int8.quantize`."""
         if dtype == INT8:
+            if takes_kernel(batch, *self.weight.shape):
+                return step_form(self.weight.detach(), self.bias.detach())
             return quantize(self.weight.detach(), self.bias.detach()), None
         w = pack(self.weight.detach().to(dtype), batch)
         if self.weight.dtype == dtype and not is_packed(w):
@@ -55,10 +58,14 @@ class Dense(nn.Module):
 def dense(x, weights):
     """x (..., d_in) through (weight, bias) from `Dense.cast`; x is converted to their dtype and
     the result (..., d_out) is of it (bfloat16 products accumulate in float32). int8 weights
-    (`quantize`): x is taken as float32 and quantized for this call; the result is float32."""
+    (`quantize`, or the kernel's `step_form`): x is taken as float32 and quantized for this call, per
+    call or per row; the result is float32."""
     w, b = weights
     if is_int8(w):
         out = linear_int8(x.reshape(-1, x.shape[-1]), w)        # (running it warns of nothing in torch 2.13)
+        return out.view(*x.shape[:-1], out.shape[-1])
+    if w.dtype == torch.int8:                              # the kernel's int8 product (`int8.step_form`)
+        out = load_kernel("cpu").decode_linear(x.reshape(-1, x.shape[-1]).float(), w, b)
         return out.view(*x.shape[:-1], out.shape[-1])
     x2 = x.reshape(-1, x.shape[-1]).to(w.dtype)
     if w.is_mkldnn:                                        # prepacked by `pack`

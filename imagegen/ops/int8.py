@@ -12,7 +12,8 @@ For 1-4 rows the C++ kernel has its own int8 product (csrc/int8_linear.cpp, `dec
 `pack_int8` lays W out for it (8 bits per weight, one scale per output column as `quantize`, in
 panels of 64 columns by groups of 4 k), the kernel quantizes each row of x with its own scale and
 sums in int32 (AVX512-VNNI where the CPU has it); `linear_int8_reference` computes the same in
-plain PyTorch.
+plain PyTorch. Decoding takes it (`Dense.cast`) in `step_form`, which the one-call C++ step reads too,
+where `takes_kernel` says so: at 1-4 rows, where a probe measures it faster than fbgemm's.
 """
 import contextlib
 import functools
@@ -20,7 +21,9 @@ import warnings
 
 import torch
 
+from ..tuning import probe
 from ..tuning.machine import has_vnni
+from .build import kernel_error, load_kernel
 
 
 @contextlib.contextmanager
@@ -123,8 +126,37 @@ def linear_int8_reference(x, packed, b):
     return acc.float() * (sx[:, None] * packed[1][None, :]) + b.float()
 
 
+KERNEL_MAX_ROWS = 4   # the kernel's int8 product keeps at most this many rows' sums in registers
+
+
+def step_form(w, b):
+    """w (d_in, d_out), b (d_out,) -> (Wq, extra): `pack_int8`'s Wq and one float32 (3, d_out) tensor of the
+    bias, the scales and the column sums (their int32 bits, copied as they are), the form `dense` and the
+    one-call C++ step (decode_step) pass to the kernel's decode_linear."""
+    Wq, scales, colsums = pack_int8(w)
+    return Wq, torch.stack([b.detach().float(), scales, colsums.view(torch.float32)])
+
+
+def takes_kernel(batch, d_in, d_out):
+    """Whether int8 products (d_in, d_out) at `batch` rows run on the C++ kernel's int8 product rather than
+    fbgemm's: at 1 to KERNEL_MAX_ROWS rows, where the kernel builds and a probe measures it faster by the
+    margin (`imagegen.tuning.probe`); with probes off, where it has AVX512-VNNI (its portable loop is slow)."""
+    if not 1 <= batch <= KERNEL_MAX_ROWS or kernel_error("cpu") is not None:
+        return False
+    if not probe.enabled():
+        return bool(load_kernel("cpu").decode_int8_vnni())
+
+    def measure():
+        g = torch.Generator().manual_seed(0)
+        x, w, b = torch.randn(batch, d_in, generator=g), torch.randn(d_in, d_out, generator=g), torch.zeros(d_out)
+        fbgemm, (Wq, extra), product = quantize(w, b), step_form(w, b), load_kernel("cpu").decode_linear
+        with torch.no_grad():
+            return probe.best_ms(lambda: linear_int8(x, fbgemm), lambda: product(x, Wq, extra), rounds=7)
+    verdict = probe.decide(f"int8-kernel:N{batch}:I{d_in}:O{d_out}", measure)
+    return verdict is not None and verdict.chosen
+
+
 def linear_int8_kernel(x, packed, b, vnni=True):
     """b + x W through the C++ kernel's `decode_linear_int8` (built on first use) for W packed by
     `pack_int8`; vnni=False takes its portable loop even where the CPU has AVX512-VNNI."""
-    from .build import load_kernel
     return load_kernel("cpu").decode_linear_int8(x, *packed, b, vnni)

@@ -80,7 +80,7 @@ def decode_products(batch, d_model, d_ff):
 
 def auto_bf16(device, dims=None, batch=None, backward=True):
     """(bfloat16?, why) for an `auto` setting on `device`. On the CPU with dims = (d_model, d_ff) named
-    and probes on, by measurement (`imagegen.probe`): sampling's decoding products when `batch` is
+    and probes on, by measurement (`imagegen.tuning.probe`): sampling's decoding products when `batch` is
     given, else training's (backward) or evaluation's autocast products; otherwise the flags rule."""
     if device.type == "cpu" and dims is not None:
         D, F = (int(d) for d in dims)

@@ -106,7 +106,7 @@ def assert_close_distributions(model, got, want):
     assert (p - q).abs().sum(-1).max().item() / 2 < MAX_TV
 
 
-@pytest.mark.parametrize("batch", [3, 8])   # 8: weights prepacked for oneDNN (layers.pack), where it can
+@pytest.mark.parametrize("batch", [3, 8])   # 8: weights prepacked for oneDNN (ops.layout.pack), where it can
 @pytest.mark.parametrize("attention, whole_model_kernel, impl, bf16_cache", [
     ("linear", True, "auto", False),        # the one-call C++ step
     ("linear", False, "auto", False),       # the per-module loop over the fused kernel's step
@@ -188,8 +188,8 @@ def test_eval_precision_option(mnist_root, tmp_path):
                                              (256, 256, 768, torch.bfloat16)])
 def test_decode_linear_against_float64(N, K, O, dtype):
     """The decoding step's product (C++; its own bfloat16 loop for up to 4 rows and O a multiple
-    of 64, oneDNN with the weight prepacked by `layers.pack` from 5 rows, torch's addmm otherwise;
-    float32 also with the weight in `layers.panels`, its own float32 loop) and `layers.dense` over
+    of 64, oneDNN with the weight prepacked by `layout.pack` from 5 rows, torch's addmm otherwise;
+    float32 also with the weight in `layout.panels`, its own float32 loop) and `dense.dense` over
     the same weights against the float64 product of the same values: off by no more than the
     output's rounding (2^-8 relative for bfloat16) plus float32 summing."""
     from imagegen.ops.build import kernel_error, load_kernel

@@ -200,7 +200,7 @@ def test_real_impl_probe_times_both(probes_on):
 
 @pytest.mark.parametrize("packed_ms, packs", [(5.0, True), (9.5, False), (20.0, False)])
 def test_float32_decoding_weights_prepacked_by_measurement(probes_on, monkeypatch, packed_ms, packs):
-    """layers.pack prepacks a float32 weight only where the probe measures oneDNN's prepacked product
+    """layout.pack prepacks a float32 weight only where the probe measures oneDNN's prepacked product
     faster than addmm by the margin, and only from PACK_MIN_ROWS rows; the packed product equals addmm's."""
     if not layers.can_pack(torch.float32):
         pytest.skip("this torch has no oneDNN linear")
@@ -219,7 +219,7 @@ def test_float32_decoding_weights_prepacked_by_measurement(probes_on, monkeypatc
 
 @pytest.mark.parametrize("panels_ms, takes", [(5.0, True), (9.5, False), (20.0, False)])
 def test_float32_decoding_weights_in_panels_by_measurement(probes_on, monkeypatch, panels_ms, takes):
-    """Below PACK_MIN_ROWS rows layers.pack lays a float32 weight out in the C++ kernel's panels only
+    """Below PACK_MIN_ROWS rows layout.pack lays a float32 weight out in the C++ kernel's panels only
     where the probe measures its product faster than addmm by the margin, and only when the output
     width is a multiple of the panel width; panel p holds columns p*P .. p*P+P-1, row after row."""
     if layers.panel_width() is None:

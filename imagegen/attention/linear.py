@@ -113,7 +113,7 @@ class LinearAttention(Attention):
     def init_state(self, batch, max_len, device, dtype):
         """A LinearState of constant size whatever max_len: the fused kernel's form where it serves
         (elu + 1, no gate), else S (N*H, F, M+1) whose last column is Z, stepped by Triton or PyTorch.
-        dtype: the products' (layers.INT8: int8 products, the sums float32)."""
+        dtype: the products' (dtypes.INT8: int8 products, the sums float32)."""
         like, NH, E = torch.empty(0, device=device, dtype=activation_dtype(dtype)), batch * self.n_heads, self.head_dim
         weights = self.step_weights(dtype, batch)
         if self.plain_elu and uses_fused_kernel(self.impl, like):

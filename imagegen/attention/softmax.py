@@ -41,7 +41,7 @@ class SoftmaxAttention(Attention):
 
     def init_state(self, batch, max_len, device, dtype):
         """A K/V cache of max_len positions, allocated once and written in place: in dtype, except
-        float32 for bfloat16 products unless bf16_cache, and for int8 products (layers.INT8)."""
+        float32 for bfloat16 products unless bf16_cache, and for int8 products (dtypes.INT8)."""
         shape = (batch, self.n_heads, max_len, self.head_dim)
         cache = torch.float32 if dtype == torch.bfloat16 and not self.bf16_cache else activation_dtype(dtype)
         k, v = (torch.zeros(shape, device=device, dtype=cache) for _ in range(2))

@@ -7,7 +7,7 @@ limit (s) = the step's matrix-product FLOPs at the machine's measured GFLOP/s
 share = limit / measured step time: 1.0 would be a step that only multiplies at full speed and
 moves what it must. Both rates are measured once per process, in the thread count in use: the
 products as one (256, D) x (D, 4D) product in the products' dtype (the faster of torch's addmm and
-oneDNN's prepacked product, which decoding may use: `layers.pack`; int8: fbgemm's, `layers.quantize`,
+oneDNN's prepacked product, which decoding may use: `ops.layout.pack`; int8: fbgemm's, `ops.int8.quantize`,
 its weights counted at 1 byte each), the bandwidth as a copy of
 256 MiB. Shape letters: N batch, D model dim, F feed-forward dim, P head parameters, H heads, E head dim.
 """
@@ -36,7 +36,7 @@ def best_seconds(fn, reps=5):
 def machine_rates(d_model, dtype=torch.float32, threads=None):
     """(FLOP/s of a (256, D) x (D, 4D) product in dtype, bytes/s of a 256 MiB copy) on this CPU;
     threads: part of the cache key (the rates depend on torch's thread count)."""
-    if dtype == INT8:                 # fbgemm's int8 product, as decoding runs it (`layers.dense`)
+    if dtype == INT8:                 # fbgemm's int8 product, as decoding runs it (`ops.dense.dense`)
         a, w = torch.randn(256, d_model), quantize(torch.randn(d_model, 4 * d_model), torch.zeros(4 * d_model))
         seconds = best_seconds(lambda: dense(a, (w, None)))
     else:

@@ -1,5 +1,5 @@
 """Thread counts on a shared machine: the small preset's sampling step and training step with one core
-kept busy by a spinning subprocess, at the default settings (threads=0: imagegen.threads.fit_threads,
+kept busy by a spinning subprocess, at the default settings (threads=0: imagegen.tuning.threads.fit_threads,
 measuring the free cores as every command does at start) against threads=1 and torch's own default,
 each in a fresh process (so that OMP_* variables reach OpenMP before torch loads), in one run.
 

@@ -278,7 +278,7 @@ def hydra_entry(config_name, task):
 
 def resolve_device(name="auto", threads=0):
     """The torch device `name` asks for; on the CPU, torch's thread count fitted to the cores free
-    now (threads=0) or set to threads=N (imagegen.threads.fit_threads)."""
+    now (threads=0) or set to threads=N (imagegen.tuning.threads.fit_threads)."""
     import torch
     if threads < 0:
         raise UserError(f"threads must be >= 0 (0: the cores free now), got {threads}.")

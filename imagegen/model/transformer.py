@@ -9,7 +9,7 @@ Class-conditional models (num_classes C > 0) add a learned class vector to the i
 position, START included (a per-image bias: one token read only at the start would fade as 1/t in
 a linear attention's average); row C of that embedding is "no label", which label dropout trains,
 so one model samples with and without labels (classifier-free guidance, see heads.guided_probs).
-Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (layers.INT8:
+Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (dtypes.INT8:
 8-bit weights, activations quantized per call), with weights converted once into the state; the
 residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
 dtype (float32).

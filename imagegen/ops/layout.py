@@ -64,7 +64,7 @@ def panels(w):
 
 
 def faster_than_addmm(name, batch, d_in, d_out, candidate):
-    """Whether the probe `name` (`imagegen.probe`, cached per machine) measures the product that
+    """Whether the probe `name` (`imagegen.tuning.probe`, cached per machine) measures the product that
     candidate(w) returns, called as product(x, b), faster than torch's addmm by its margin, for a
     float32 (d_in, d_out) product at `batch` rows; never with probes off."""
     def measure():

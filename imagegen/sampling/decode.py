@@ -14,10 +14,10 @@ side by side as one batch of 2N (the RNN: two states per image) and draws from
 the bounded guided distribution of `model.heads.guided_probs`.
 `dtype` (precision=bfloat16): the step loop runs the blocks' products in bfloat16 with weights
 converted once into the decoding state (see `PixelTransformer.init_state`); the recompute loop
-runs model.forward under bfloat16 autocast. `dtype` layers.INT8 (precision=int8, CPU): every Dense
+runs model.forward under bfloat16 autocast. `dtype` dtypes.INT8 (precision=int8, CPU): every Dense
 product in int8 (8-bit weights quantized once, activations per call): the step loop through the
 Python module loop (not the one-call C++ step), the recompute loop's forward inside
-`layers.int8_weights`. Distribution parameters and the draw stay float32.
+`ops.dense.int8_weights`. Distribution parameters and the draw stay float32.
 """
 from contextlib import nullcontext
 
@@ -83,7 +83,7 @@ def split_draw(model, params, n, guide, temperature, generator, uniforms=None, g
 
 def recompute_step(model, x, t, temperature, generator, dtype=None, labels=None, guidance=1.0):
     """One step of the recompute loop: the prefix x[:, :t] through model.forward (bfloat16 autocast
-    for dtype=bfloat16, int8 Dense products for layers.INT8), then a draw for x[:, t]."""
+    for dtype=bfloat16, int8 Dense products for dtypes.INT8), then a draw for x[:, t]."""
     guide = guided(model, labels, guidance)
     prefix = x[:, :t + 1].repeat(2, 1) if guide else x[:, :t + 1]
     with autocast(x.device, dtype == torch.bfloat16), int8_forward(model, dtype):
@@ -125,7 +125,7 @@ def fill_recompute(model, x, start, temperature, generator, on_step=None, dtype=
 
 
 def int8_forward(model, dtype):
-    """A context running model.forward's Dense products in int8 for dtype layers.INT8, else a no-op."""
+    """A context running model.forward's Dense products in int8 for dtype dtypes.INT8, else a no-op."""
     return int8_weights(model) if dtype == INT8 else nullcontext()
 
 
@@ -149,7 +149,7 @@ def generate(model, n, *, sampler="auto", temperature=1.0, seed=0, batch_size=64
              progress=False, desc="sampling", dtype=None, uniforms=None, labels=None, guidance=1.0):
     """n images as (n, D) uint8. prefix (n, P) uint8, if given, is kept and the rest sampled.
     labels: one class or n of them (-1: none) for a class-conditional model; guidance: see the module docstring.
-    dtype: None (the parameters'), float32, bfloat16 or layers.INT8: the matrix products' (see the module
+    dtype: None (the parameters'), float32, bfloat16 or dtypes.INT8: the matrix products' (see the module
     docstring).
     uniforms (n, D) in [0, 1), if given, replace the seeded draws (step sampler only): image i
     at position t takes uniforms[i, t], which lets another implementation reproduce the bytes."""

@@ -3,10 +3,10 @@
 A decoding step is a few small products; torch's threads meet at the end of each one. On a machine
 whose other cores are busy, one of them waits for a core at every product, and a step with two
 threads took 20-40x as long as with one (docs/notes/speed.md, docs/threads.md). Every command first fits
-torch's thread count to the cores free (imagegen.threads.fit_threads); then, before sampling, a few
+torch's thread count to the cores free (imagegen.tuning.threads.fit_threads); then, before sampling, a few
 steps are timed at the batch in use with that count and with one thread, and the faster is kept
 (a fraction of a second; the machine's load changes, so the answer is not cached). IMAGEGEN_PROBE=0,
-which turns every measured choice off (`imagegen.probe`), keeps torch's count as it is.
+which turns every measured choice off (`imagegen.tuning.probe`), keeps torch's count as it is.
 """
 import time
 

@@ -48,7 +48,7 @@ def test_int8_dense_tracks_float32(batch, d_in, d_out):
     assert err.norm() < PRODUCT_REL * want.norm()
     assert err.max() < PRODUCT_MAX * want.abs().max()
     assert err.max() > 0                               # not float32 in disguise
-    if isinstance(weights[0], torch.Tensor):            # the C++ kernel's product (`int8.step_form`, 1-4 rows)
+    if isinstance(weights[0], torch.Tensor):            # the C++ kernel's product (`int8.step_form`)
         scales = weights[1][1]
     else:                                               # fbgemm's packed weight, (d_out, d_in)
         scales = torch.ops.quantized.linear_unpack(weights[0])[0].q_per_channel_scales().float()
@@ -78,18 +78,18 @@ DECODE_ATOL, DECODE_REL, DECODE_TV = 0.1, 0.03, 0.01
 @pytest.mark.parametrize("attention, impl", [("linear", "auto"), ("linear", "chunked"), ("softmax", "auto")])
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel-product", "fbgemm"])
 def test_int8_decoding_tracks_float32(attention, impl, batch, kernel, monkeypatch):
-    """int8 decoding against float32's: with the C++ kernel's int8 product at 1-4 rows (the one-call C++
+    """int8 decoding against float32's: with the C++ kernel's int8 product (the one-call C++
     step for the fused linear attention, else the module loop), or fbgemm's in the module loop."""
     from imagegen.ops import dense as dense_mod
     from imagegen.ops.build import kernel_error
     if kernel and kernel_error("cpu") is not None:
         skip_without_cpu_kernel("the CPU kernel is unavailable")
-    monkeypatch.setattr(dense_mod, "takes_kernel", lambda rows, *shape: kernel and 1 <= rows <= 4)
+    monkeypatch.setattr(dense_mod, "takes_kernel", lambda rows, *shape: kernel)
     model = scaled_model(attention, length=100, impl=impl)
     x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(1))
     want, _ = decode_params(model, x, torch.float32)
     got, state = decode_params(model, x, INT8)
-    product = kernel and batch <= 4
+    product = kernel
     assert (state.kernel is not None) == (product and attention == "linear" and impl == "auto")
     layer = state.layers[0]
     sums = layer.attn.S if attention == "linear" else layer.attn.k
@@ -256,7 +256,7 @@ def test_int8_kernel_zero_rows_and_bad_packing(int8_kernel):
 
 @pytest.mark.parametrize("rows", [1, 4])
 def test_dense_runs_the_kernels_step_form_as_its_reference(int8_kernel, rows):
-    """`dense` on `step_form`'s (Wq, extra) (what Dense.cast gives decoding at 1-4 rows, and the one-call
+    """`dense` on `step_form`'s (Wq, extra) (what Dense.cast gives decoding and int8_weights, and the one-call
     step reads) computes `linear_int8_reference`'s product."""
     from imagegen.ops.int8 import linear_int8_reference, step_form
     x, w, b, packed = int8_case(256, 768, rows)

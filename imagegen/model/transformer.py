@@ -149,8 +149,8 @@ class PixelTransformer(nn.Module):
         layer steps through the fused CPU kernel (linear attention), the whole step runs as one
         C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
         dtype dtypes.INT8 (int8 products, quantized here once): every Dense product, the head's included,
-        in int8 (`ops.dense`): at 1-4 rows through the C++ kernel's int8 product where `ops.int8.takes_kernel`,
-        then in the one-call C++ step too (its head float32), else fbgemm's in the Python module loop."""
+        in int8 (`ops.dense`): through the C++ kernel's int8 product where `ops.int8.takes_kernel`, then in
+        the one-call C++ step too (its head float32), else fbgemm's in the Python module loop."""
         dtype = dtype or self.proj.weight.dtype
         layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
         state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device),

@@ -28,7 +28,7 @@ class Dense(nn.Module):
         self.weight = nn.Parameter(torch.randn(d_in, d_out) * std)
         self.bias = nn.Parameter(torch.zeros(d_out))
 
-    int8 = None           # (packed, None) from cast(INT8) while `int8_weights` runs the forward in int8
+    int8 = None           # cast(INT8)'s weights while `int8_weights` runs the forward in int8
 
     def forward(self, x):                                  # (..., d_in) -> (..., d_out)
         if self.int8 is not None:
@@ -40,8 +40,8 @@ class Dense(nn.Module):
         """(weight, bias) for products in `dtype` at `batch` rows: detached copies converted once
         (decoding states carry them), the weight prepacked by `pack` where it can be; the
         parameters themselves when they already are of dtype and the weight is not packed.
-        dtype INT8: at 1-4 rows where `takes_kernel`, the C++ kernel's (Wq, extra) (`int8.step_form`),
-        else (fbgemm's packed int8 weight and bias, None), see `int8.quantize`."""
+        dtype INT8: where `takes_kernel` at these rows (0: a forward pass's), the C++ kernel's (Wq, extra)
+        (`int8.step_form`), else (fbgemm's packed int8 weight and bias, None), see `int8.quantize`."""
         if dtype == INT8:
             if takes_kernel(batch, *self.weight.shape):
                 return step_form(self.weight.detach(), self.bias.detach())
@@ -79,8 +79,9 @@ def dense(x, weights):
 
 @contextlib.contextmanager
 def int8_weights(module):
-    """Inside: every Dense of `module` runs its forward through int8 weights (`quantize`, made once
-    here) as `dense` runs them, activations quantized per call; outside, float32 as before. Nested
+    """Inside: every Dense of `module` runs its forward through int8 weights (`Dense.cast`, made once
+    here) as `dense` runs them, activations quantized per row (the kernel's product) or per call
+    (fbgemm's); outside, float32 as before. Nested
     inside another, it leaves the layers the outer one quantized as they are."""
     layers = [m for m in module.modules() if isinstance(m, Dense) and m.int8 is None]
     try:

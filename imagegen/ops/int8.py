@@ -8,12 +8,14 @@ and returns float32. Everything around the products (the residual stream, LayerN
 sums, the head) stays float32. At one row it is slower than float32, at many faster (timings:
 docs/notes/code-measurements.md).
 
-For 1-4 rows the C++ kernel has its own int8 product (csrc/int8_linear.cpp, `decode_linear_int8`):
-`pack_int8` lays W out for it (8 bits per weight, one scale per output column as `quantize`, in
-panels of 64 columns by groups of 4 k), the kernel quantizes each row of x with its own scale and
-sums in int32 (AVX512-VNNI where the CPU has it); `linear_int8_reference` computes the same in
-plain PyTorch. Decoding takes it (`Dense.cast`) in `step_form`, which the one-call C++ step reads too,
-where `takes_kernel` says so: at 1-4 rows, where a probe measures it faster than fbgemm's.
+The C++ kernel has its own int8 product (csrc/int8_linear.cpp, `decode_linear_int8`), for any number
+of rows (4 at a time over each panel): `pack_int8` lays W out for it (8 bits per weight, one scale per
+output column as `quantize`, in panels of 64 columns by groups of 4 k), the kernel quantizes each row
+of x with its own scale and sums in int32 (AVX512-VNNI where the CPU has it); `linear_int8_reference`
+computes the same in plain PyTorch. Each row's result depends on that row alone, so evaluation's
+forward (rows = images x positions) and decoding's step (rows = images) compute the same numbers.
+Decoding and `dense.int8_weights` take it (`Dense.cast`) in `step_form`, which the one-call C++ step
+reads too, where `takes_kernel` says so: where a probe measures it faster than fbgemm's at the rows asked.
 """
 import contextlib
 import functools
@@ -126,7 +128,7 @@ def linear_int8_reference(x, packed, b):
     return acc.float() * (sx[:, None] * packed[1][None, :]) + b.float()
 
 
-KERNEL_MAX_ROWS = 4   # the kernel's int8 product keeps at most this many rows' sums in registers
+FORWARD_ROWS = 256    # the rows a probe times for a forward pass (`takes_kernel`'s batch 0): many
 
 
 def step_form(w, b):
@@ -138,11 +140,13 @@ def step_form(w, b):
 
 
 def takes_kernel(batch, d_in, d_out):
-    """Whether int8 products (d_in, d_out) at `batch` rows run on the C++ kernel's int8 product rather than
-    fbgemm's: at 1 to KERNEL_MAX_ROWS rows, where the kernel builds and a probe measures it faster by the
-    margin (`imagegen.tuning.probe`); with probes off, where it has AVX512-VNNI (its portable loop is slow)."""
-    if not 1 <= batch <= KERNEL_MAX_ROWS or kernel_error("cpu") is not None:
+    """Whether int8 products (d_in, d_out) at `batch` rows (0: a forward pass's many, timed at FORWARD_ROWS)
+    run on the C++ kernel's int8 product rather than fbgemm's: where the kernel builds and a probe measures
+    it faster by the margin (`imagegen.tuning.probe`); with probes off, where it has AVX512-VNNI (its
+    portable loop is slow)."""
+    if kernel_error("cpu") is not None:
         return False
+    batch = batch or FORWARD_ROWS
     if not probe.enabled():
         return bool(load_kernel("cpu").decode_int8_vnni())
 

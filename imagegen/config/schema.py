@@ -235,6 +235,10 @@ class ConvertConfig:
     check_images: int = opt(500, "score the first N test images with the converted file and record the bits/dim "
                                  "(0: skip)")
     batch_size: int = opt(32, "images per forward pass of the check")
+    precision: str = opt("float32", "float32, or int8: each Dense layer's weight stored in 8 bits with a float32 scale "
+                                    "per output column (about a quarter of the size; embeddings, LayerNorms and "
+                                    "biases stay float32); it loads as float32 weights q * scale, which the check "
+                                    "scores")
     keep_root: bool = opt(True, "record the data root (data.root, null: the checkpoint's) in OUT.json, made absolute, "
                                 "where eval, sample mode=complete and export then find the data; false: leave it "
                                 "empty, for a model to ship (it looks in $IMAGEGEN_DATA/<name> or data/<name>)")

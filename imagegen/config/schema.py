@@ -222,6 +222,10 @@ class ExportConfig:
                                           "none); null: the model's recorded default, else 1")
     overwrite: bool = opt(False, "replace files in out that the export did not write (a symlink is replaced, never "
                                  "written through)")
+    precision: Optional[str] = opt(None, "float32, or int8: model.safetensors with each Dense layer's weight in 8 bits "
+                                         "and a float32 scale per output column, which the page turns back into "
+                                         "float32 (about a quarter of the download); null: the checkpoint's (int8 "
+                                         "for a model converted with precision=int8)")
     device: str = opt("cpu", "where the checkpoint is read (the page itself runs in the browser)")
     threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     data: DataOverride = field(default_factory=lambda: DataOverride(download=False))

@@ -10,17 +10,30 @@
 // C classes, T positions.
 // No DOM, no network: the worker (worker.js) and tests import it.
 
-/** Parse a safetensors file (8-byte LE header length, JSON header, raw LE tensors): {name: {shape, data}}. */
+/** Parse a safetensors file (8-byte LE header length, JSON header, raw LE tensors): {name: {shape, data}},
+ * data a Float32Array. An int8 weight X.weight (I8, (in, out)) beside its scales X.weight_scale (F32, (out,))
+ * (imagegen-export precision=int8) is read as float32 q * scale, as imagegen.store.shipped.dequantized does. */
 export function parseSafetensors(buffer) {
   const view = new DataView(buffer);
   const headerLength = Number(view.getBigUint64(0, true));
   const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 8, headerLength)));
-  const start = 8 + headerLength, tensors = {};
+  const start = 8 + headerLength, tensors = {}, int8 = [];
   for (const [name, info] of Object.entries(header)) {
     if (name === "__metadata__") continue;
-    if (info.dtype !== "F32") throw new Error(`tensor ${name} is ${info.dtype}; the page reads F32 only`);
-    const [a, b] = info.data_offsets;
-    tensors[name] = {shape: info.shape, data: new Float32Array(buffer.slice(start + a, start + b))};
+    const [a, b] = info.data_offsets, bytes = buffer.slice(start + a, start + b);
+    if (info.dtype === "I8") int8.push(name);
+    else if (info.dtype !== "F32") throw new Error(`tensor ${name} is ${info.dtype}; the page reads F32 and I8 only`);
+    tensors[name] = {shape: info.shape, data: info.dtype === "I8" ? new Int8Array(bytes) : new Float32Array(bytes)};
+  }
+  for (const name of int8) {
+    const q = tensors[name], s = tensors[name + "_scale"], [nIn, nOut] = q.shape;
+    if (q.shape.length !== 2 || !s || s.data instanceof Int8Array || s.data.length !== nOut) {
+      throw new Error(`int8 tensor ${name} has no float32 scales ${name}_scale of one per output column`);
+    }
+    const w = new Float32Array(nIn * nOut);
+    for (let i = 0; i < nIn; i++) for (let j = 0; j < nOut; j++) w[i * nOut + j] = q.data[i * nOut + j] * s.data[j];
+    tensors[name] = {shape: q.shape, data: w};
+    delete tensors[name + "_scale"];
   }
   return tensors;
 }

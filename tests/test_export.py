@@ -23,6 +23,8 @@ from imagegen.commands.export import export
 from imagegen.web.site import WEB_DIR, safetensors_bytes
 from imagegen.model.transformer import START, build_model
 from imagegen.model.heads import guided_probs
+from imagegen.ops.dense import Dense
+from imagegen.ops.int8 import quantize_columns
 from imagegen.sampling.decode import branches, generate, guided
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -157,6 +159,39 @@ def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset,
     got = torch.from_numpy(result["params"].astype(np.float64)).view(N, L, -1)
     assert (got - expected).abs().max() < 1e-4
     assert expected.abs().max() > 1                        # parameters of a real size, not all ~0
+    assert page.errors == []
+
+
+@pytest.mark.slow
+def test_int8_page_matches_python_with_the_dequantized_weights(browser, serve, tmp_path):
+    """precision=int8: model.safetensors holds each Dense layer's weight as int8 beside its float32 scales,
+    the page reads them as float32 q * scale and draws the bytes of the Python model with those weights."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", seed=3)
+    model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, Dense):
+                q, s = quantize_columns(m.weight)
+                m.weight.copy_(q.float() * s)
+    N, L = 2, model.length
+    u, py64, moved = safe_uniforms(model, torch.rand(N, L, generator=torch.Generator().manual_seed(5)))
+    assert moved < 0.05
+    py32 = generate(model.float(), N, uniforms=u, batch_size=N)
+    assert torch.equal(py32, py64)
+
+    site = tmp_path / "site"
+    export({"checkpoint": str(ck), "out": str(site), "examples": 0, "precision": "int8", "data": {"root": None}})
+    blob = (site / "model.safetensors").read_bytes()
+    header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
+    assert header["blocks.0.ff.0.weight"]["dtype"] == "I8" and header["blocks.0.ff.0.weight_scale"]["dtype"] == "F32"
+    page = open_page(browser, serve(site) + "?autostart=0")
+    result = run_in_page(page, n=N, uniforms=u.flatten().tolist(), recordParams=True)
+    js = torch.tensor(result["bytes"], dtype=torch.uint8)
+    assert torch.equal(js, py32), f"first differing position {(js != py32).nonzero()[:1].tolist()}"
+    with torch.no_grad():
+        expected = model.double()(js)
+    got = torch.from_numpy(result["params"].astype(np.float64)).view(N, L, -1)
+    assert (got - expected).abs().max() < 1e-4
     assert page.errors == []
 
 

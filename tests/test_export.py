@@ -30,14 +30,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 MARGIN = 1e-5   # uniforms closer than this (as a share of the total mass) to a CDF edge are moved
 
 
-def tiny_checkpoint(path, head="mixture", dataset="mnist", attention="linear", data_root=None, seed=0, num_classes=0):
+def tiny_checkpoint(path, head="mixture", dataset="mnist", attention="linear", data_root=None, seed=0, num_classes=0,
+                    context=()):
     """A checkpoint as imagegen-train writes it, of a tiny model with weights perturbed well away
     from their initialisation (so the distributions are far from uniform); num_classes > 0: class-conditional.
-    dataset: a name, or a data section of its own (data=folder at any size)."""
+    dataset: a name, or a data section of its own (data=folder at any size); context: model.context."""
     torch.manual_seed(seed)
     options = {"n_buckets": 4, "chunk_size": 4} if attention == "lsh" else {}
     model_cfg = {"attention": attention, "attention_options": options, "n_layers": 2, "d_model": 32, "n_heads": 4,
-                 "d_ff": 64, "head": head, "n_mixtures": 5, "dropout": 0.0, "num_classes": num_classes}
+                 "d_ff": 64, "head": head, "n_mixtures": 5, "dropout": 0.0, "num_classes": num_classes,
+                 "context": list(context)}
     data_cfg = dataset if isinstance(dataset, dict) else {
         "name": dataset, "root": str(data_root or path.parent / "no-data"), "download": False, "val_fraction": 0.05,
         "split_seed": 0}
@@ -236,10 +238,12 @@ def test_conditional_page_matches_python(browser, serve, tmp_path, labels, guida
 
 
 @pytest.mark.slow
-def test_conditional_completion_shares_the_prefix(browser, serve, tmp_path):
+@pytest.mark.parametrize("context", [(), (2, 28, 29)])
+def test_conditional_completion_shares_the_prefix(browser, serve, tmp_path, context):
     """One prefix for every image, two labels and guidance: the prefix is fed once per (label, branch)
-    and copied, and the completions equal Python's."""
-    ck = tiny_checkpoint(tmp_path / "tiny.pt", head="categorical", num_classes=10, seed=6)
+    and copied, and the completions equal Python's; with model.context too (the bytes read are fed and
+    copied with the state)."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", head="categorical", num_classes=10, seed=6, context=context)
     model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
     N, L, keep, G = 3, model.length, 5 * 28, 2.0
     y = torch.tensor([1, 1, 4])

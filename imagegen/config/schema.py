@@ -65,6 +65,9 @@ class ModelConfig:
     dropout: float = opt(0.0, "dropout rate in the blocks (0 to 1)")
     num_classes: int = opt(0, "class-conditional model over this many classes (the data's: 10 for mnist, "
                               "fashion_mnist and cifar10, 100 for cifar100); 0: unconditional")
+    context: List[int] = opt([], "sub-pixel distances (>= 2) whose bytes each add a learned embedding at every "
+                                 "position (the input byte is distance 1), e.g. [2,3,96] for 32-wide colour: the "
+                                 "pixel's earlier channel, one pixel left, one row up; [] none (docs/recipe.md)")
 
 
 @dataclass

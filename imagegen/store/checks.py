@@ -185,9 +185,11 @@ def without_impl(model_cfg):
     """A model config without attention_options.impl: which implementation computes the attention
     (C++ kernel, chunked PyTorch, Triton) is not part of the architecture, so a run may resume with another.
     The other options are filled in with their defaults, so that a checkpoint that stored only some
-    ({} or {impl: auto}, as older ones did) matches a config that lists them all."""
+    ({} or {impl: auto}, as older ones did) matches a config that lists them all; no context is [] (older
+    checkpoints have none)."""
     opts = config.full_attention_options(model_cfg.get("attention"), model_cfg.get("attention_options"))
-    return {**model_cfg, "attention_options": {k: v for k, v in opts.items() if k != "impl"}}
+    return {**model_cfg, "attention_options": {k: v for k, v in opts.items() if k != "impl"},
+            "context": list(model_cfg.get("context") or [])}
 
 
 def layer_count(weights):

@@ -60,7 +60,7 @@ def page_config(model, dataset, guidance=1.0):
             "d_ff": model.blocks[0].ff[0].weight.shape[1], "head": model.head.name,
             "n_mixtures": getattr(model.head, "n_mixtures", None), "head_params": model.head.n_params,
             "n_params": sum(p.numel() for p in model.parameters()),
-            "num_classes": model.num_classes, "class_names": list(info.class_names) if model.num_classes else [],
+            "num_classes": model.num_classes, "context": list(model.context), "class_names": list(info.class_names) if model.num_classes else [],
             "guidance": float(guidance),
             "min_log_scale": getattr(model.head, "MIN_LOG_SCALE", None), "ln_eps": model.ln_f.eps,
             "attention_eps": EPS, "start_token": START}

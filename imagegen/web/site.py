@@ -44,7 +44,8 @@ def safetensors_bytes(tensors):
 def page_config(model, dataset, guidance=1.0):
     """What sampler.js needs besides the weights (config.json): the architecture, the image shape, the
     head (head_params: P per position), the classes (num_classes 0: unconditional; the page offers a
-    class picker otherwise) and the page's default guidance; n_params counts the model's parameters.
+    class picker otherwise), the context distances and the page's default guidance; n_params counts the
+    model's parameters.
     dataset: a name (mnist) or a checkpoint's data section (a folder's size and classes come from it)."""
     attn = model.blocks[0].attn
     if attn.name != "linear":
@@ -60,7 +61,8 @@ def page_config(model, dataset, guidance=1.0):
             "d_ff": model.blocks[0].ff[0].weight.shape[1], "head": model.head.name,
             "n_mixtures": getattr(model.head, "n_mixtures", None), "head_params": model.head.n_params,
             "n_params": sum(p.numel() for p in model.parameters()),
-            "num_classes": model.num_classes, "context": list(model.context), "class_names": list(info.class_names) if model.num_classes else [],
+            "num_classes": model.num_classes, "class_names": list(info.class_names) if model.num_classes else [],
+            "context": list(model.context),
             "guidance": float(guidance),
             "min_log_scale": getattr(model.head, "MIN_LOG_SCALE", None), "ln_eps": model.ln_f.eps,
             "attention_eps": EPS, "start_token": START}

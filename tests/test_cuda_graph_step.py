@@ -9,10 +9,10 @@ from imagegen.attention.linear import LinearState
 from fixtures import tiny_model
 
 
-def linear_model(impl="chunked", attention="linear", device="cpu"):
+def linear_model(impl="chunked", attention="linear", device="cpu", context=()):
     options = {"impl": impl} if attention == "linear" else {}
     return tiny_model(attention, length=24, channels=3, width=2, n_layers=2, head="mixture",
-                      attention_options=options).to(device).eval()
+                      attention_options=options, context=context).to(device).eval()
 
 
 def loop_outputs(model, tokens, step):
@@ -20,8 +20,9 @@ def loop_outputs(model, tokens, step):
 
 
 @torch.no_grad()
-def test_static_buffer_step_equals_the_per_module_loop():
-    model = linear_model()
+@pytest.mark.parametrize("context", [(), (2, 3, 6)])
+def test_static_buffer_step_equals_the_per_module_loop(context):
+    model = linear_model(context=context)
     tokens = torch.randint(0, 257, (3, 24))
     state = model.init_state(3, "cpu")
     want = loop_outputs(model, tokens, lambda tok: model.step(tok, state)[0])

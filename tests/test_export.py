@@ -23,6 +23,8 @@ from imagegen.commands.export import export
 from imagegen.web.site import WEB_DIR, safetensors_bytes
 from imagegen.model.transformer import START, build_model
 from imagegen.model.heads import guided_probs
+from imagegen.ops.dense import Dense
+from imagegen.ops.int8 import quantize_columns
 from imagegen.sampling.decode import branches, generate, guided
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,14 +32,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 MARGIN = 1e-5   # uniforms closer than this (as a share of the total mass) to a CDF edge are moved
 
 
-def tiny_checkpoint(path, head="mixture", dataset="mnist", attention="linear", data_root=None, seed=0, num_classes=0):
+def tiny_checkpoint(path, head="mixture", dataset="mnist", attention="linear", data_root=None, seed=0, num_classes=0,
+                    context=()):
     """A checkpoint as imagegen-train writes it, of a tiny model with weights perturbed well away
     from their initialisation (so the distributions are far from uniform); num_classes > 0: class-conditional.
-    dataset: a name, or a data section of its own (data=folder at any size)."""
+    dataset: a name, or a data section of its own (data=folder at any size); context: model.context."""
     torch.manual_seed(seed)
     options = {"n_buckets": 4, "chunk_size": 4} if attention == "lsh" else {}
     model_cfg = {"attention": attention, "attention_options": options, "n_layers": 2, "d_model": 32, "n_heads": 4,
-                 "d_ff": 64, "head": head, "n_mixtures": 5, "dropout": 0.0, "num_classes": num_classes}
+                 "d_ff": 64, "head": head, "n_mixtures": 5, "dropout": 0.0, "num_classes": num_classes,
+                 "context": list(context)}
     data_cfg = dataset if isinstance(dataset, dict) else {
         "name": dataset, "root": str(data_root or path.parent / "no-data"), "download": False, "val_fraction": 0.05,
         "split_seed": 0}
@@ -161,6 +165,39 @@ def test_browser_sampler_matches_python(browser, serve, tmp_path, head, dataset,
 
 
 @pytest.mark.slow
+def test_int8_page_matches_python_with_the_dequantized_weights(browser, serve, tmp_path):
+    """precision=int8: model.safetensors holds each Dense layer's weight as int8 beside its float32 scales,
+    the page reads them as float32 q * scale and draws the bytes of the Python model with those weights."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", seed=3)
+    model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, Dense):
+                q, s = quantize_columns(m.weight)
+                m.weight.copy_(q.float() * s)
+    N, L = 2, model.length
+    u, py64, moved = safe_uniforms(model, torch.rand(N, L, generator=torch.Generator().manual_seed(5)))
+    assert moved < 0.05
+    py32 = generate(model.float(), N, uniforms=u, batch_size=N)
+    assert torch.equal(py32, py64)
+
+    site = tmp_path / "site"
+    export({"checkpoint": str(ck), "out": str(site), "examples": 0, "precision": "int8", "data": {"root": None}})
+    blob = (site / "model.safetensors").read_bytes()
+    header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
+    assert header["blocks.0.ff.0.weight"]["dtype"] == "I8" and header["blocks.0.ff.0.weight_scale"]["dtype"] == "F32"
+    page = open_page(browser, serve(site) + "?autostart=0")
+    result = run_in_page(page, n=N, uniforms=u.flatten().tolist(), recordParams=True)
+    js = torch.tensor(result["bytes"], dtype=torch.uint8)
+    assert torch.equal(js, py32), f"first differing position {(js != py32).nonzero()[:1].tolist()}"
+    with torch.no_grad():
+        expected = model.double()(js)
+    got = torch.from_numpy(result["params"].astype(np.float64)).view(N, L, -1)
+    assert (got - expected).abs().max() < 1e-4
+    assert page.errors == []
+
+
+@pytest.mark.slow
 def test_page_without_webassembly_draws_the_same_bytes(browser, serve, tmp_path):
     """A site without kernels.wasm (exported before it, or a browser without WebAssembly SIMD) runs the
     products and the attention in JavaScript and draws Python's bytes, as the WebAssembly page does."""
@@ -236,10 +273,12 @@ def test_conditional_page_matches_python(browser, serve, tmp_path, labels, guida
 
 
 @pytest.mark.slow
-def test_conditional_completion_shares_the_prefix(browser, serve, tmp_path):
+@pytest.mark.parametrize("context", [(), (2, 28, 29)])
+def test_conditional_completion_shares_the_prefix(browser, serve, tmp_path, context):
     """One prefix for every image, two labels and guidance: the prefix is fed once per (label, branch)
-    and copied, and the completions equal Python's."""
-    ck = tiny_checkpoint(tmp_path / "tiny.pt", head="categorical", num_classes=10, seed=6)
+    and copied, and the completions equal Python's; with model.context too (the bytes read are fed and
+    copied with the state)."""
+    ck = tiny_checkpoint(tmp_path / "tiny.pt", head="categorical", num_classes=10, seed=6, context=context)
     model = checkpoint.model_from_checkpoint(checkpoint.load(ck)).eval()
     N, L, keep, G = 3, model.length, 5 * 28, 2.0
     y = torch.tensor([1, 1, 4])

@@ -23,6 +23,62 @@ def test_model_step_matches_forward(attention, channels):
     assert torch.allclose(torch.stack(steps, 1), model(x), atol=1e-4)
 
 
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+@pytest.mark.parametrize("kernel", [True, False], ids=["one-call", "module-loop"])
+def test_context_model_step_matches_forward_and_reads_its_neighbours(attention, kernel):
+    """model.context: each step adds the embeddings of the bytes 2, 3 and 12 positions back (START
+    before the image), as the forward does (float64); changing one byte changes exactly the positions
+    that read it."""
+    torch.manual_seed(0)
+    model = PixelTransformer(48, 3, 4, attention, n_layers=2, d_model=32, n_heads=4, d_ff=64, head="mixture",
+                             num_classes=3, context=(2, 3, 12)).double().eval()
+    for emb in model.ctx:
+        torch.nn.init.normal_(emb.weight, std=0.5)
+    x, labels = torch.randint(0, 256, (2, 48), dtype=torch.uint8), torch.tensor([0, 2])
+    state = model.init_state(2, "cpu", labels=labels, whole_model_kernel=kernel)
+    token, steps = torch.full((2,), 256), []
+    with torch.no_grad():
+        for t in range(48):
+            steps.append(model.step(token, state)[0])
+            token = x[:, t].long()
+        want = model(x, labels)
+        torch.testing.assert_close(torch.stack(steps, 1), want, rtol=1e-10, atol=1e-10)
+        if attention == "linear":
+            y = x.clone()
+            y[:, 20] = (y[:, 20].long() + 7).to(torch.uint8)
+            changed = (model(y, labels) - want).abs().amax((0, 2)) > 0
+            assert changed[:21].tolist() == [False] * 21 and changed[21:].all()  # 21 reads it as the input
+            model.blocks = model.blocks[:0]          # no attention: only the input byte and the context
+            changed = (model(y, labels) - model(x, labels)).abs().amax((0, 2)) > 0
+            assert changed.nonzero().flatten().tolist() == [21, 22, 23, 32]
+
+
+def test_context_is_checked_and_grows_from_a_model_without(tmp_path):
+    """A bad model.context is one sentence; train.init from a model without context starts the new
+    embeddings at zero, so the first step computes what the checkpoint did."""
+    from imagegen.config.checks import check_model
+    from imagegen.config.schema import ModelConfig
+    from dataclasses import asdict
+    for bad in ([1], [2, 2], [0, 3]):
+        with pytest.raises(UserError, match="context must list distinct sub-pixel distances >= 2"):
+            check_model({**asdict(ModelConfig()), "context": bad})
+    plain = tiny_model("linear", length=16, channels=1, width=4)
+    cfg = {"model": {**asdict(ModelConfig()), "n_layers": 1, "d_model": 16, "n_heads": 2, "d_ff": 32},
+           "data": {"name": "mnist"}}
+    path = tmp_path / "plain.pt"
+    torch.save({"format": checkpoint.FORMAT, "config": cfg, "model": plain.state_dict()}, path)
+    grown = {**cfg, "model": {**cfg["model"], "context": [2, 4]}}
+    weights = checkpoint.initial_weights(str(path), grown)
+    model = tiny_model("linear", length=16, channels=1, width=4, context=(2, 4))
+    model.load_state_dict(weights)
+    assert all(not emb.weight.any() for emb in model.ctx)
+    x = torch.randint(0, 256, (2, 16), dtype=torch.uint8)
+    torch.testing.assert_close(model(x), plain(x))
+    torch.save({"format": checkpoint.FORMAT, "config": grown, "model": model.state_dict()}, tmp_path / "grown.pt")
+    with pytest.raises(UserError, match="model.context"):   # the other way round: another architecture
+        checkpoint.initial_weights(str(tmp_path / "grown.pt"), cfg)
+
+
 @pytest.mark.parametrize("attention", ["linear", "softmax", "lsh"])
 def test_bf16_autocast_loss_and_gradients_track_float32(attention):
     """Training under bfloat16 autocast (train.bf16) scores within 1% of float32, with a float32

@@ -1,6 +1,8 @@
 """imagegen-convert: a run's checkpoint as a shippable model, OUT.safetensors + OUT.json (Hydra app;
 see conf/convert.yaml and imagegen/store/shipped.py). The result loads wherever a checkpoint is taken
 (checkpoint=OUT.safetensors), and by name once it lies in the package's checkpoints/ folder.
+precision=int8 stores each Dense layer's weight in 8 bits with a float32 scale per output column (about a
+quarter of the size); it loads as float32 (q * scale), and the check scores those weights.
 
 Nothing is written until everything that can fail has run (the check scores the bytes the
 .safetensors file will hold): a failed or interrupted convert leaves no OUT files behind."""
@@ -21,6 +23,7 @@ def convert(cfg, device):
     of the command line over it."""
     if cfg["check_images"] < 0:
         raise UserError(f"check_images must be >= 0 (0: skip the check), got {cfg['check_images']}.")
+    precision = shipped.check_precision(cfg.get("precision", "float32"))
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
@@ -29,18 +32,19 @@ def convert(cfg, device):
     record = {"source": f"{path.parent.name}/{path.name}", "step": state.get("step"),
               "minutes": round(state.get("elapsed", 0) / 60, 1),
               "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
-              "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"]}
+              "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"],
+              "precision": precision}
     data = {**ck["config"]["data"], **{k: v for k, v in (cfg.get("data") or {}).items() if v is not None}}
     if data.get("root") is not None:
         data["root"] = str(Path(data["root"]).expanduser().absolute())
     config = json.loads(json.dumps(shipped.shippable_config(ck["config"], data)))     # as OUT.json will hold it
-    blob = shipped.weights_bytes(model.state_dict())
+    blob = shipped.weights_bytes(shipped.int8_state(model) if precision == "int8" else model.state_dict())
     if cfg["check_images"]:
         from safetensors.torch import load as load_weights
 
-        # score the bytes as they will be written, not the model in memory
-        converted = checks.check({"format": FORMAT, "config": config, "model": load_weights(blob)},
-                                     path)
+        # score the bytes as they will be written (int8: as they load, q * scale), not the model in memory
+        weights = shipped.dequantized(load_weights(blob), path)
+        converted = checks.check({"format": FORMAT, "config": config, "model": weights}, path)
         again = checkpoint.model_from_checkpoint(converted, path).to(device)
         ((x, y),) = load_from_config(config["data"], ("test",), labels=True)
         x, y = x[: cfg["check_images"]], y[: cfg["check_images"]]

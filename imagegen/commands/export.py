@@ -22,16 +22,21 @@ def test_images(ck, count, overrides):
 
 
 def export(cfg):
-    """Write the site for cfg['checkpoint'] into cfg['out']; returns {file name: bytes written}."""
+    """Write the site for cfg['checkpoint'] into cfg['out']; returns {file name: bytes written}.
+    precision=int8 (or null for a model converted at int8) writes int8 Dense weights with their scales."""
+    if cfg.get("precision") is not None:
+        shipped.check_precision(cfg["precision"])
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
     guidance = cfg.get("guidance")
     guidance = float(ck.get("record", {}).get("guidance", 1.0) if guidance is None else guidance)
     check_sampling(guidance=guidance)
+    precision = cfg.get("precision") or ("int8" if ck.get("record", {}).get("precision") == "int8" else "float32")
     page_config(model, ck["config"]["data"])          # refuse what the page cannot run before reading data
     examples = test_images(ck, cfg["examples"], cfg.get("data"))
-    return write_site(model, ck["config"]["data"], cfg["out"], examples, guidance, cfg.get("overwrite", False))
+    return write_site(model, ck["config"]["data"], cfg["out"], examples, guidance, cfg.get("overwrite", False),
+                      precision)
 
 
 def run_export(cfg, device):

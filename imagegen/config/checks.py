@@ -89,6 +89,10 @@ def check_model(m, memory_bytes=None, prefix="model."):
     if m["d_model"] % m["n_heads"]:
         raise UserError(f"{prefix}d_model={m['d_model']} is not a multiple of {prefix}n_heads={m['n_heads']}; "
                         f"pick values that divide.")
+    context = list(m.get("context") or [])
+    if any(not isinstance(o, int) or o < 2 for o in context) or len(set(context)) < len(context):
+        raise UserError(f"{prefix}context must list distinct sub-pixel distances >= 2 (1 is the input byte itself), "
+                        f"got {context}.")
     if memory_bytes:
         d, ff = m["d_model"], m["d_ff"]
         params = m["n_layers"] * (4 * d * d + 2 * d * ff) + 300 * d

@@ -65,6 +65,9 @@ class ModelConfig:
     dropout: float = opt(0.0, "dropout rate in the blocks (0 to 1)")
     num_classes: int = opt(0, "class-conditional model over this many classes (the data's: 10 for mnist, "
                               "fashion_mnist and cifar10, 100 for cifar100); 0: unconditional")
+    context: List[int] = opt([], "sub-pixel distances (>= 2) whose bytes each add a learned embedding at every "
+                                 "position (the input byte is distance 1), e.g. [2,3,96] for 32-wide colour: the "
+                                 "pixel's earlier channel, one pixel left, one row up; [] none (docs/recipe.md)")
 
 
 @dataclass
@@ -222,6 +225,10 @@ class ExportConfig:
                                           "none); null: the model's recorded default, else 1")
     overwrite: bool = opt(False, "replace files in out that the export did not write (a symlink is replaced, never "
                                  "written through)")
+    precision: Optional[str] = opt(None, "float32, or int8: model.safetensors with each Dense layer's weight in 8 bits "
+                                         "and a float32 scale per output column, which the page turns back into "
+                                         "float32 (about a quarter of the download); null: the checkpoint's (int8 "
+                                         "for a model converted with precision=int8)")
     device: str = opt("cpu", "where the checkpoint is read (the page itself runs in the browser)")
     threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     data: DataOverride = field(default_factory=lambda: DataOverride(download=False))
@@ -235,6 +242,10 @@ class ConvertConfig:
     check_images: int = opt(500, "score the first N test images with the converted file and record the bits/dim "
                                  "(0: skip)")
     batch_size: int = opt(32, "images per forward pass of the check")
+    precision: str = opt("float32", "float32, or int8: each Dense layer's weight stored in 8 bits with a float32 scale "
+                                    "per output column (about a quarter of the size; embeddings, LayerNorms and "
+                                    "biases stay float32); it loads as float32 weights q * scale, which the check "
+                                    "scores")
     keep_root: bool = opt(True, "record the data root (data.root, null: the checkpoint's) in OUT.json, made absolute, "
                                 "where eval, sample mode=complete and export then find the data; false: leave it "
                                 "empty, for a model to ship (it looks in $IMAGEGEN_DATA/<name> or data/<name>)")

@@ -9,6 +9,10 @@ Class-conditional models (num_classes C > 0) add a learned class vector to the i
 position, START included (a per-image bias: one token read only at the start would fade as 1/t in
 a linear attention's average); row C of that embedding is "no label", which label dropout trains,
 so one model samples with and without labels (classifier-free guidance, see heads.guided_probs).
+Context (`context`, sub-pixel distances o >= 2): position t also adds a learned embedding of its own per
+distance of the byte x_{t-o} (START before the image), e.g. for colour 2, 3 (the pixel's earlier channel,
+the same channel one pixel left) and 3W (one row up): the neighbours that a linear attention's running
+average cannot single out, at the cost of a lookup. Decoding keeps the last max(context) bytes in its state.
 Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (dtypes.INT8:
 8-bit weights, activations quantized per call), with weights converted once into the state; the
 residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
@@ -51,6 +55,7 @@ class DecodingState:
     class_vector: torch.Tensor = None
     kernel: tuple = None
     head: tuple = None
+    history: torch.Tensor = None          # (N, max(context)) long: the last bytes read, newest last (context models)
 
 
 class Block(nn.Module):
@@ -81,16 +86,19 @@ class Block(nn.Module):
 class PixelTransformer(nn.Module):
     """Args: length (D sub-pixels), channels (1 or 3), width (pixels per row), attention (registry name),
     n_layers, d_model, n_heads, d_ff, head ('mixture' or 'categorical'), n_mixtures,
-    dropout, attention_options (dict passed to the attention class), num_classes (0: unconditional)."""
+    dropout, attention_options (dict passed to the attention class), num_classes (0: unconditional),
+    context (sub-pixel distances >= 2 whose bytes each add an embedding of their own; () none)."""
 
     def __init__(self, length, channels, width, attention=DEFAULT.attention, n_layers=DEFAULT.n_layers,
                  d_model=DEFAULT.d_model, n_heads=DEFAULT.n_heads, d_ff=DEFAULT.d_ff, head=DEFAULT.head,
                  n_mixtures=DEFAULT.n_mixtures, dropout=DEFAULT.dropout, attention_options=None,
-                 num_classes=DEFAULT.num_classes):
+                 num_classes=DEFAULT.num_classes, context=()):
         super().__init__()
         self.length, self.channels, self.width, self.num_classes = length, channels, width, num_classes
         self.head = make_head(head, n_mixtures)
         self.tok = nn.Embedding(257, d_model)
+        self.context = tuple(context or ())
+        self.ctx = nn.ModuleList(nn.Embedding(257, d_model) for _ in self.context)
         self.row = nn.Embedding(length // (channels * width), d_model)
         self.col = nn.Embedding(width, d_model)
         self.chan = nn.Embedding(channels, d_model)
@@ -98,7 +106,7 @@ class PixelTransformer(nn.Module):
                                     for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.proj = Dense(d_model, self.head.n_params)
-        embeddings = [self.tok, self.row, self.col, self.chan]
+        embeddings = [self.tok, self.row, self.col, self.chan, *self.ctx]
         if num_classes:
             self.label = nn.Embedding(num_classes + 1, d_model)  # row num_classes: no label
             embeddings.append(self.label)
@@ -114,6 +122,10 @@ class PixelTransformer(nn.Module):
         pixel = t // self.channels
         where = self.row(pixel // self.width) + self.col(pixel % self.width) + self.chan(t % self.channels)
         return self.tok(tokens) + where
+
+    def context_vectors(self, history):
+        """history (N, max(context)) long, the last bytes read, newest last -> the context's sum (N, D)."""
+        return sum(emb(history[:, -o]) for o, emb in zip(self.context, self.ctx))
 
     def class_vectors(self, labels, n, device):
         """The class embedding of labels (N,) long in 0..C-1, or C (no label) for None or -1 entries,
@@ -133,6 +145,10 @@ class PixelTransformer(nn.Module):
         N, L = x.shape
         tokens = torch.cat([torch.full((N, 1), START, device=x.device, dtype=torch.long), x[:, :-1].long()], 1)
         h = self.embed(tokens, torch.arange(L, device=x.device))
+        if self.context:
+            m = max(self.context)
+            seq = torch.cat([torch.full((N, m), START, device=x.device, dtype=torch.long), x.long()], 1)
+            h = h + sum(emb(seq[:, m - o: m - o + L]) for o, emb in zip(self.context, self.ctx))
         if (c := self.class_vectors(labels, N, x.device)) is not None:
             h = h + c.unsqueeze(1)                           # (N, 1, D): the same vector at every position
         for block in self.blocks:
@@ -154,7 +170,9 @@ class PixelTransformer(nn.Module):
         dtype = dtype or self.proj.weight.dtype
         layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
         state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device),
-                              head=self.proj.cast(dtype, batch) if dtype == INT8 else None)
+                              head=self.proj.cast(dtype, batch) if dtype == INT8 else None,
+                              history=torch.full((batch, max(self.context)), START, dtype=torch.long, device=device)
+                              if self.context else None)
         kernel_form = dtype != INT8 or all(isinstance(w, torch.Tensor) for s in layers    # no fbgemm weight
                                            for w in (s.attn.qkv[0], s.attn.out[0], s.ff[0][0], s.ff[1][0]))
         if whole_model_kernel and kernel_form and all(getattr(s.attn, "form", None) == "fused" for s in layers):
@@ -181,6 +199,9 @@ class PixelTransformer(nn.Module):
         h = self.embed(token, torch.tensor(state.t, device=token.device))
         if state.class_vector is not None:
             h = h + state.class_vector
+        if self.context:
+            state.history = torch.cat([state.history[:, 1:], token[:, None]], 1)
+            h = h + self.context_vectors(state.history)
         state.t += 1
         if state.kernel is not None:             # the loop below as one C++ call
             blocks, head = state.kernel
@@ -194,7 +215,7 @@ class PixelTransformer(nn.Module):
 def build_model(model_cfg, info):
     """Model from the `model` config section (a dict) and a DatasetInfo."""
     keys = ("attention", "n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "dropout",
-            "attention_options", "num_classes")
+            "attention_options", "num_classes", "context")
     return PixelTransformer(info.length, info.channels, info.width, **{k: model_cfg[k] for k in keys if k in model_cfg})
 
 

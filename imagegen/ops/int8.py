@@ -164,3 +164,11 @@ def linear_int8_kernel(x, packed, b, vnni=True):
     """b + x W through the C++ kernel's `decode_linear_int8` (built on first use) for W packed by
     `pack_int8`; vnni=False takes its portable loop even where the CPU has AVX512-VNNI."""
     return load_kernel("cpu").decode_linear_int8(x, *packed, b, vnni)
+
+
+def quantize_columns(w):
+    """w (d_in, d_out) float -> (q int8 (d_in, d_out), scales float32 (d_out,)): `pack_int8`'s rounding
+    (q = round(w / scale) in [-127, 127], scale = max|w| / 127 per output column), unpacked: the int8
+    weights of the shipped form (imagegen.store.shipped.int8_state), which load as q * scale."""
+    packed = pack_int8(w)
+    return unpack_int8(packed, w.shape[0]).contiguous(), packed[1]

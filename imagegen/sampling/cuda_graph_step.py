@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from ..model.transformer import START
+
 
 def make_step(model, batch, device, dtype, labels=None):
     """step(token (N,) long) -> parameters (N, P) for the next position, from a fresh state;
@@ -49,12 +51,14 @@ class GraphedStep:
                                  "on the CPU use PixelTransformer.step.")
             state.attn.form = "torch"     # a graph replays PyTorch's ops; Triton's step serves the eager loop
         self.t = torch.zeros((), dtype=torch.long, device=device)
+        self.history = (torch.full((batch, max(model.context)), START, dtype=torch.long, device=device)
+                        if model.context else None)   # the last bytes read, newest last (context models)
         self.batch, self.device = batch, device
         with torch.no_grad():
             self.cls = model.class_vectors(None, batch, device)    # (N, D) class vectors, or None
         self.fn = self.eager
         if compile:
-            extra = [self.cls] if self.cls is not None else []
+            extra = [b for b in (self.cls, self.history) if b is not None]
             for buffer in [self.t, *(state.attn.S for state in self.layers), *extra]:
                 torch._dynamo.mark_static_address(buffer)
             self.fn = torch.compile(self.eager, mode="reduce-overhead", fullgraph=True, dynamic=False)
@@ -62,6 +66,8 @@ class GraphedStep:
     def reset(self, labels=None):
         """Back to position 0 with empty states and these labels' class vectors, in place."""
         self.t.zero_()
+        if self.history is not None:
+            self.history.fill_(START)
         if self.cls is not None:
             with torch.no_grad():
                 self.cls.copy_(self.model.class_vectors(labels, self.batch, self.device))
@@ -73,6 +79,9 @@ class GraphedStep:
         h = self.model.embed(token, self.t)                 # (N, D)
         if self.cls is not None:
             h = h + self.cls
+        if self.history is not None:
+            self.history.copy_(torch.cat([self.history[:, 1:], token[:, None]], 1))
+            h = h + self.model.context_vectors(self.history)
         for block, state in zip(self.model.blocks, self.layers):
             h = block.step(h, state)[0]
         self.t += 1

@@ -66,11 +66,19 @@ def model_from_checkpoint(ck, path="checkpoint"):
 def initial_weights(spec, cfg):
     """The weights a new run starts from with train.init=SPEC (a .pt checkpoint, a .safetensors model
     or a shipped name): the checkpoint's average of the weights when it holds one. The architecture
-    must be the current config's; data, training settings and dropout may differ."""
+    must be the current config's; data, training settings and dropout may differ, and a model without
+    context may start a run with model.context (the new embeddings at zero)."""
     ck = load(spec, hint="train.init=PATH")
-    model = {k: v for k, v in cfg["model"].items() if k != "dropout"}
-    diffs = checks.architecture_diffs({k: v for k, v in ck["config"]["model"].items() if k != "dropout"}, model)
+    then = {k: v for k, v in ck["config"]["model"].items() if k != "dropout"}
+    now = {k: v for k, v in cfg["model"].items() if k != "dropout"}
+    grows = not then.get("context") and bool(now.get("context"))
+    diffs = checks.architecture_diffs({**then, "context": now.get("context")} if grows else then, now)
     if diffs:
         raise UserError(f"train.init={spec} has another architecture than this run ({'; '.join(diffs)}); "
                         f"give the model settings it was trained with (its config), or another train.init.")
-    return ck.get("ema", ck["model"])
+    weights = dict(ck.get("ema", ck["model"]))
+    if grows:        # context added to a model without: its embeddings start at zero, the start computes as before
+        d_model = weights["tok.weight"].shape[1]
+        for i in range(len(now["context"])):
+            weights[f"ctx.{i}.weight"] = torch.zeros(257, d_model)
+    return weights

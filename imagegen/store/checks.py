@@ -8,6 +8,7 @@ WHAT; use another checkpoint ..." (`damaged`):
   torch_saved(path)                  whether the file starts as torch.save's files do
   load_reason(e)                     why torch.load refused a file, in whole words
   check_config(ck, path)             a model section that fits the schema, a known dataset
+  check_int8(weights, path)          a shipped int8 file: each int8 X.weight beside its float32 X.weight_scale
   check_weights(state_dict, path)    a dict of floating-point, finite tensors
   check_buildable(cfg, weights, path)  before allocating: attention options, the layer count against
                                      the weights, the size against free memory
@@ -130,6 +131,26 @@ def check_config(ck, path):
     cfg["model"] = model
 
 
+def check_int8(weights, path):
+    """A .safetensors state dict as read (shipped.read): each int8 tensor is a weight X.weight (in, out) with
+    float32 scales X.weight_scale (out,), positive and finite, beside it, and each X.weight_scale scales one."""
+    for name, t in weights.items():
+        if name.endswith(".weight_scale"):
+            w = weights.get(name[:-len("_scale")])
+            if w is None or w.dtype != torch.int8:
+                raise damaged(path, f"it holds scales {name} but no int8 weight {name[:-len('_scale')]} for them")
+        elif t.dtype == torch.int8:
+            scale = weights.get(name + "_scale")
+            if scale is None:
+                raise damaged(path, f"its int8 weight {name} has no scales {name}_scale beside it")
+            if t.dim() != 2 or scale.dtype != torch.float32 or scale.shape != t.shape[1:]:
+                raise damaged(path, f"its int8 weight {name} is {shape(t)} with scales {name}_scale of "
+                                    f"{dtype_name(scale.dtype)} {shape(scale)}, where a weight (in, out) takes "
+                                    f"float32 scales (out,)")
+            if not (torch.isfinite(scale).all() and (scale > 0).all()):
+                raise damaged(path, f"its scales {name}_scale are not all positive and finite")
+
+
 def check_weights(state_dict, path):
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise damaged(path, "its weights are not a dict of tensors")
@@ -185,9 +206,11 @@ def without_impl(model_cfg):
     """A model config without attention_options.impl: which implementation computes the attention
     (C++ kernel, chunked PyTorch, Triton) is not part of the architecture, so a run may resume with another.
     The other options are filled in with their defaults, so that a checkpoint that stored only some
-    ({} or {impl: auto}, as older ones did) matches a config that lists them all."""
+    ({} or {impl: auto}, as older ones did) matches a config that lists them all; no context is [] (older
+    checkpoints have none)."""
     opts = config.full_attention_options(model_cfg.get("attention"), model_cfg.get("attention_options"))
-    return {**model_cfg, "attention_options": {k: v for k, v in opts.items() if k != "impl"}}
+    return {**model_cfg, "attention_options": {k: v for k, v in opts.items() if k != "impl"},
+            "context": list(model_cfg.get("context") or [])}
 
 
 def layer_count(weights):

@@ -2,7 +2,9 @@
 a JSON file holding the config, found by path or by name (checkpoint=mnist-linear) among the models
 that ship in the package's checkpoints/ folder.
 
-  NAME.safetensors   the weights (the average of the weights when the run kept one), float32
+  NAME.safetensors   the weights (the average of the weights when the run kept one), float32; converted
+                     with precision=int8, each Dense layer's weight X.weight as int8 beside its float32
+                     scales X.weight_scale (one per output column), which `read` turns back into float32
   NAME.json          {"format": "imagegen/1", "config": {"model", "data", "train"}, "record": {...}}
   NAME.md            the model card: how it was trained and what it scores (shipped models)
 
@@ -70,6 +72,7 @@ def read(path):
     except (SafetensorError, OSError, ValueError) as e:
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise UserError(f"{path} is not a readable .safetensors file (damaged or truncated: {reason}); {fix}") from None
+    weights = dequantized(weights, path)
     record = meta.get("record", {})
     guidance = record.get("guidance", 1.0) if isinstance(record, dict) else None
     if not isinstance(guidance, (int, float)) or isinstance(guidance, bool) or not 0 <= guidance < float("inf"):
@@ -94,14 +97,51 @@ def shippable_config(config, data=None):
 
 
 WRITE_FIX = "free space or choose another out=..."
+PRECISIONS = ("float32", "int8")
+SCALE = "_scale"            # X.weight (int8) lies beside X.weight_scale (float32)
+
+
+def check_precision(precision):
+    """precision=float32|int8 of imagegen-convert and imagegen-export, else one sentence."""
+    if precision not in PRECISIONS:
+        raise UserError(f"precision must be float32 or int8 (int8: each Dense layer's weight in 8 bits with a "
+                        f"float32 scale per output column), got {precision!r}.")
+    return precision
+
+
+def int8_state(model):
+    """model's state dict with each Dense layer's weight X.weight as int8 and its float32 scales
+    X.weight_scale (ops.int8.quantize_columns: the one rounding rule); the rest as it is."""
+    from ..ops.dense import Dense
+    from ..ops.int8 import quantize_columns
+
+    state = dict(model.state_dict())
+    for name, module in model.named_modules():
+        if isinstance(module, Dense):
+            key = f"{name}.weight"
+            state[key], state[key + SCALE] = quantize_columns(module.weight)
+    return state
+
+
+def dequantized(weights, path):
+    """weights (a state dict as read) with each int8 X.weight and its X.weight_scale replaced by float32
+    X.weight = q * scale; a UserError naming what does not fit (checks.check_int8)."""
+    import torch
+
+    from .checks import check_int8
+
+    check_int8(weights, path)
+    return {name: t.float() * weights[name + SCALE] if t.dtype == torch.int8 else t
+            for name, t in weights.items() if not name.endswith(".weight" + SCALE)}
 
 
 def weights_bytes(state_dict):
-    """The .safetensors bytes of a state dict (float32, contiguous, on the CPU)."""
+    """The .safetensors bytes of a state dict (float32, int8 tensors kept int8, contiguous, on the CPU)."""
     import torch
     from safetensors.torch import save
 
-    return save({k: v.detach().to(torch.float32).contiguous().cpu() for k, v in state_dict.items()})
+    return save({k: (v if v.dtype == torch.int8 else v.to(torch.float32)).detach().contiguous().cpu()
+                 for k, v in state_dict.items()})
 
 
 def write(stem, config, weights, record):

@@ -4,7 +4,9 @@ The site, servable by any static file server (python -m http.server -d DIR):
   index.html, page.js        the page: grid sampling, completion of a drawn top half, window.imagegen
   worker.js, sampler.js      the sampling loop (Web Worker) and the arithmetic of PixelTransformer.step
   kernels.wasm               the products and the attention on WebAssembly SIMD (kernels.wat assembled)
-  model.safetensors          the state_dict in float32 (8-byte LE header length, JSON header, raw LE data)
+  model.safetensors          the state_dict in float32 (8-byte LE header length, JSON header, raw LE data);
+                             precision=int8: each Dense layer's weight X.weight int8 beside its float32
+                             scales X.weight_scale (store.shipped.int8_state), float32 again on the page
   config.json                architecture, image shape, head, classes (num_classes, class_names), guidance
   examples.bin               a few test images (N x D uint8) for the completion mode, when the data is there
                              (their labels: config.json's example_labels)
@@ -23,17 +25,19 @@ from ..errors import UserError
 from ..files import write_folder
 from ..model.transformer import START
 from ..ops import EPS
+from ..store.shipped import int8_state
 
 WEB_DIR = Path(__file__).resolve().parent
 PAGE_FILES = ("index.html", "page.js", "worker.js", "sampler.js", "kernels.wasm")
 
 
 def safetensors_bytes(tensors):
-    """{name: tensor} -> the bytes of a safetensors file holding them as float32."""
+    """{name: tensor} -> the bytes of a safetensors file holding them as float32 (int8 tensors as int8)."""
     header, blobs, offset = {}, [], 0
     for name, t in tensors.items():
-        blob = t.detach().cpu().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        kind = ("I8", torch.int8, "i1") if t.dtype == torch.int8 else ("F32", torch.float32, "<f4")
+        blob = t.detach().cpu().to(kind[1]).contiguous().numpy().astype(kind[2]).tobytes()
+        header[name] = {"dtype": kind[0], "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -44,7 +48,8 @@ def safetensors_bytes(tensors):
 def page_config(model, dataset, guidance=1.0):
     """What sampler.js needs besides the weights (config.json): the architecture, the image shape, the
     head (head_params: P per position), the classes (num_classes 0: unconditional; the page offers a
-    class picker otherwise) and the page's default guidance; n_params counts the model's parameters.
+    class picker otherwise), the context distances and the page's default guidance; n_params counts the
+    model's parameters.
     dataset: a name (mnist) or a checkpoint's data section (a folder's size and classes come from it)."""
     attn = model.blocks[0].attn
     if attn.name != "linear":
@@ -61,15 +66,16 @@ def page_config(model, dataset, guidance=1.0):
             "n_mixtures": getattr(model.head, "n_mixtures", None), "head_params": model.head.n_params,
             "n_params": sum(p.numel() for p in model.parameters()),
             "num_classes": model.num_classes, "class_names": list(info.class_names) if model.num_classes else [],
+            "context": list(model.context),
             "guidance": float(guidance),
             "min_log_scale": getattr(model.head, "MIN_LOG_SCALE", None), "ln_eps": model.ln_f.eps,
             "attention_eps": EPS, "start_token": START}
 
 
-def write_site(model, dataset, out, examples=None, guidance=1.0, overwrite=False):
+def write_site(model, dataset, out, examples=None, guidance=1.0, overwrite=False, precision="float32"):
     """Write the site for `model` (a PixelTransformer with linear attention) of `dataset` into
-    folder `out`, with examples (n, D) uint8 (or a pair: those and their labels (n,)) or None and the
-    page's default guidance; returns
+    folder `out`, with examples (n, D) uint8 (or a pair: those and their labels (n,)) or None, the
+    page's default guidance and the weights' precision (float32 or int8); returns
     {file name: bytes written}. The site is built beside `out` and swapped in (files.write_folder):
     a failure leaves `out` as it was, and files there that the export did not write are replaced
     only with overwrite=True."""
@@ -79,7 +85,7 @@ def write_site(model, dataset, out, examples=None, guidance=1.0, overwrite=False
     # the class each example shows: picking one on the page takes its class (a 7's top half is completed as a 7)
     config["example_labels"] = [] if labels is None else [int(v) for v in labels]
     files = {name: (WEB_DIR / name).read_bytes() for name in PAGE_FILES}
-    files["model.safetensors"] = safetensors_bytes(model.state_dict())
+    files["model.safetensors"] = safetensors_bytes(int8_state(model) if precision == "int8" else model.state_dict())
     files["config.json"] = (json.dumps(config, indent=1) + "\n").encode()
     if examples is not None:
         files["examples.bin"] = np.ascontiguousarray(examples.numpy(), dtype=np.uint8).tobytes()

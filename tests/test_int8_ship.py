@@ -1,0 +1,142 @@
+"""The shipped form with 8-bit weights (imagegen-convert precision=int8): each Dense layer's weight as int8
+beside its float32 scales, read back as float32 q * scale; the export's int8 model.safetensors (the page's
+side: test_export.py's test_int8_page_matches_python_with_the_dequantized_weights)."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import imagegen
+from commands import call, one_line_error
+from fixtures import one_sentence
+from imagegen.bits_per_dim import bits_per_dim
+from imagegen.commands.convert import convert
+from imagegen.commands.export import export
+from imagegen.data.catalogue import DATASETS
+from imagegen.data.splits import load_split
+from imagegen.errors import UserError
+from imagegen.model.transformer import build_model
+from imagegen.ops.dense import Dense
+from imagegen.ops.int8 import quantize_columns
+from imagegen.store import checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Dense weights dominate (as in the shipped models): 426k of the 470k parameters
+MODEL = {"attention": "linear", "attention_options": {}, "n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512,
+         "head": "categorical", "n_mixtures": 10, "dropout": 0.0, "num_classes": 0}
+
+
+@pytest.fixture
+def run_checkpoint(tmp_path, mnist_root):
+    """A best.pt of a (random) MNIST model with an averaged copy of its weights (the one converted)."""
+    torch.manual_seed(0)
+    model, ema = build_model(MODEL, DATASETS["mnist"]), build_model(MODEL, DATASETS["mnist"])
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    config = {"model": MODEL, "data": {"name": "mnist", "root": str(mnist_root), "download": False, "mirror": None,
+                                       "val_fraction": 0.05, "split_seed": 0}, "train": {"lr": 1e-3}}
+    path = tmp_path / "run" / "best.pt"
+    checkpoint.save(path, {"config": config, "model": model.state_dict(), "ema": ema.state_dict(),
+                           "state": {"step": 7, "elapsed": 90.0, "epoch": 0, "seen": 0, "best_val": 5.0}})
+    return path, ema
+
+
+def convert_at(path, out, mnist_root, precision, check_images=0):
+    cfg = {"checkpoint": str(path), "out": str(out), "guidance": 1.0, "check_images": check_images, "batch_size": 8,
+           "device": "cpu", "threads": 0, "progress": False, "precision": precision,
+           "data": {"root": str(mnist_root), "download": None, "mirror": None}}
+    return convert(cfg, torch.device("cpu"))
+
+
+def dense_names(model):
+    return [f"{name}.weight" for name, m in model.named_modules() if isinstance(m, Dense)]
+
+
+def test_int8_round_trip_loads_q_times_scale_and_the_rest_bit_for_bit(run_checkpoint, tmp_path, mnist_root):
+    path, ema = run_checkpoint
+    record = convert_at(path, tmp_path / "m8", mnist_root, "int8", check_images=4)
+    assert record["precision"] == "int8"
+    assert json.loads((tmp_path / "m8.json").read_text())["record"]["precision"] == "int8"
+    raw = load_file(tmp_path / "m8.safetensors")
+    dense = dense_names(ema)
+    assert len(dense) == 2 * 4 + 1
+    expected = {}
+    for name, value in ema.state_dict().items():
+        if name in dense:
+            q, s = quantize_columns(value)
+            assert raw[name].dtype == torch.int8 and torch.equal(raw[name], q)
+            assert raw[name + "_scale"].dtype == torch.float32 and torch.equal(raw[name + "_scale"], s)
+            expected[name] = q.float() * s
+            assert (expected[name] - value).abs().max() <= s.max() / 2 * (1 + 1e-6)     # within half a step
+            assert torch.equal(quantize_columns(expected[name])[0], q)       # q * s quantizes to itself again
+            assert torch.equal(quantize_columns(expected[name])[1], s)
+        else:
+            assert raw[name].dtype == torch.float32
+            expected[name] = value
+    loaded = imagegen.load(tmp_path / "m8.safetensors").module.state_dict()
+    assert sorted(loaded) == sorted(expected)
+    for name, value in expected.items():
+        assert loaded[name].dtype == torch.float32 and torch.equal(loaded[name], value), name
+    # the recorded check scored the weights as they load, not the float32 ones
+    quantized = build_model(MODEL, DATASETS["mnist"])
+    quantized.load_state_dict(expected)
+    x, _ = load_split("mnist", mnist_root, "test")
+    assert record["test_check"]["bits_per_dim"] == pytest.approx(bits_per_dim(quantized, x[:4], 8, "cpu"), rel=1e-6)
+
+
+def test_int8_file_is_about_a_quarter_of_the_float32_one(run_checkpoint, tmp_path, mnist_root):
+    path, _ = run_checkpoint
+    assert convert_at(path, tmp_path / "m32", mnist_root, "float32")["precision"] == "float32"
+    convert_at(path, tmp_path / "m8", mnist_root, "int8")
+    f32, i8 = (tmp_path / "m32.safetensors").stat().st_size, (tmp_path / "m8.safetensors").stat().st_size
+    assert i8 < 0.35 * f32, (i8, f32)
+
+
+def test_damaged_int8_files_are_one_sentence(run_checkpoint, tmp_path, mnist_root):
+    path, _ = run_checkpoint
+    convert_at(path, tmp_path / "m8", mnist_root, "int8")
+    weights = tmp_path / "m8.safetensors"
+    good = load_file(weights)
+    name = "blocks.0.ff.0.weight"
+    cases = [({k: v for k, v in good.items() if k != name + "_scale"},
+              f"its int8 weight {name} has no scales {name}_scale beside it"),
+             ({**good, name + "_scale": good[name + "_scale"][:-1]}, "where a weight (in, out) takes float32 scales"),
+             ({**good, name + "_scale": good[name + "_scale"].double()}, "where a weight (in, out) takes float32"),
+             ({**good, name + "_scale": -good[name + "_scale"]}, "are not all positive and finite"),
+             ({**good, name: good[name].float()}, f"it holds scales {name}_scale but no int8 weight {name}"),
+             ({**good, "ln_f.weight": good["ln_f.weight"].to(torch.int8)}, "int8 weight ln_f.weight has no scales")]
+    for tensors, message in cases:
+        save_file(tensors, weights)
+        with pytest.raises(UserError, match="is damaged or was edited") as e:
+            imagegen.load(weights)
+        assert message in one_sentence(e)
+
+
+def test_bad_precision_is_one_sentence(run_checkpoint, tmp_path, mnist_root):
+    path, _ = run_checkpoint
+    with pytest.raises(UserError, match="precision must be float32 or int8") as e:
+        convert_at(path, tmp_path / "m", mnist_root, "int4")
+    one_sentence(e)
+    with pytest.raises(UserError, match="precision must be float32 or int8 .*got 'bfloat16'"):
+        export({"checkpoint": str(path), "out": str(tmp_path / "site"), "examples": 0, "precision": "bfloat16",
+                "data": {"root": None}})
+    one_line_error(call("imagegen-convert", f"checkpoint={path}", f"out={tmp_path / 'm'}", "precision=int4"),
+                   "precision must be float32 or int8")
+    assert not list(tmp_path.glob("m.*")) and not (tmp_path / "site").exists()
+
+
+def test_export_of_an_int8_model_ships_its_int8_weights(run_checkpoint, tmp_path, mnist_root):
+    """export takes int8 from a model converted at int8, and writes the same q and scales."""
+    path, _ = run_checkpoint
+    convert_at(path, tmp_path / "m8", mnist_root, "int8")
+    sizes = export({"checkpoint": str(tmp_path / "m8.safetensors"), "out": str(tmp_path / "site8"), "examples": 0,
+                    "data": {"root": None}})
+    shipped, site = load_file(tmp_path / "m8.safetensors"), load_file(tmp_path / "site8" / "model.safetensors")
+    assert sorted(site) == sorted(shipped) and all(torch.equal(site[k], v) for k, v in shipped.items())
+    sizes32 = export({"checkpoint": str(path), "out": str(tmp_path / "site32"), "examples": 0, "data": {"root": None}})
+    assert sizes["model.safetensors"] < 0.35 * sizes32["model.safetensors"]
+    float32 = load_file(tmp_path / "site32" / "model.safetensors")
+    assert all(v.dtype == torch.float32 for v in float32.values()) and not any(k.endswith("_scale") for k in float32)

@@ -46,12 +46,13 @@ def load(name_or_path=shipped.DEFAULT, device="cpu", threads=0):
 class Model:
     """A loaded PixelTransformer with its dataset's shape and class names. Attributes: module (the
     torch module), info (DatasetInfo: height, width, channels, class_names), config (the run's),
-    guidance (the default recorded with a shipped model, else 1)."""
+    guidance (the default recorded with a shipped model, else 1), record (a shipped model's record, else {})."""
 
     def __init__(self, module, ck, threads=None):
         self.module, self.config = module, ck["config"]
         self.info = dataset_info(self.config["data"])
-        self.guidance = ck.get("record", {}).get("guidance", 1.0)
+        self.record = ck.get("record", {})
+        self.guidance = self.record.get("guidance", 1.0)
         self.threads, self._looked = threads, None
 
     def _fit_threads(self, force=False):
@@ -88,7 +89,8 @@ class Model:
         check_images_fit(self.info, n, f"n={n:,}")
         seqs = generate(self.module, n, temperature=temperature, seed=seed, batch_size=batch_size,
                         labels=labels, guidance=self.guidance if guidance is None else guidance,
-                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch_size),
+                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch_size,
+                                                record=self.record),
                         progress=progress)
         return to_images(seqs, self.info)
 
@@ -111,7 +113,7 @@ class Model:
         seqs = generate(self.module, len(prefix), prefix=prefix, temperature=temperature, seed=seed,
                         batch_size=batch_size, labels=labels, guidance=self.guidance if guidance is None else guidance,
                         dtype=resolve_precision(precision, self.device, dims=model_dims(self.module),
-                                                batch=batch_size))
+                                                batch=batch_size, record=self.record))
         return to_images(seqs, self.info).reshape(len(images), n, *images.shape[1:])
 
     def bits_per_dim(self, images, labels=None, batch_size=32):

@@ -4,8 +4,11 @@ evaluation), int8 for sampling and evaluation where asked.
 Training (train.bf16): matrix products run in bfloat16 (float32 accumulation); parameters,
 optimizer state, the linear attention's sums (`imagegen.ops.linear_attention`) and the loss stay
 float32. Sampling and evaluation (precision=float32|bfloat16|auto|int8): see `resolve_precision`.
-int8 (sampling and evaluation on the CPU, never chosen by auto): the Dense products with 8-bit
-weights, see `imagegen.ops.int8`.
+int8 (sampling and evaluation on the CPU): the Dense products with 8-bit weights, see
+`imagegen.ops.int8`. Sampling's `auto` takes int8 only for a model whose int8 cost in bits/dim was
+recorded (`int8_cost`: imagegen-convert scores its check images both ways) and is at most
+INT8_MAX_COST, and only where its decoding products measure faster than float32's (`auto_int8`);
+evaluation's `auto` never takes it (its figure should be the model's own).
 
 A flag does not say how fast a product runs (an AVX512-BF16 Xeon multiplies bfloat16 slower than
 float32; without AVX512-BF16 or AMX bfloat16 products are emulated, many times slower). So on the
@@ -22,7 +25,7 @@ import torch
 from .dtypes import INT8, autocast, dtype_name
 from .errors import UserError
 from .ops.build import kernel_error, load_kernel
-from .ops.dense import dense
+from .ops.dense import Dense, dense
 from .ops.int8 import can_int8
 from .ops.layout import PACK_MIN_ROWS, pack
 from .tuning import probe
@@ -32,6 +35,7 @@ PRECISIONS = ("float32", "bfloat16", "auto", "int8")
 FLOAT_PRECISIONS = PRECISIONS[:3]      # training's: int8 is for sampling and evaluation only
 
 
+INT8_MAX_COST = 0.01   # bits/dim: sampling's auto takes int8 only for a model whose recorded cost is at most this
 PROBE_ROWS = 128       # rows of the training probe's products (the ratio, not the size, is what counts)
 
 
@@ -76,6 +80,56 @@ def decode_products(batch, d_model, d_ff):
                     fn(x, w, b)
         return probe.best_ms(lambda: run(f32, product), lambda: run(bf16, product), rounds=7)
     return measure
+
+
+def int8_products(batch, d_model, d_ff):
+    """A probe's measure() for sampling at int8: one decoding step's products at `batch` rows (the shapes
+    of `decode_products`), float32 against int8 weights, each as `Dense.cast` makes them for the batch and
+    `dense` runs them (float32 prepacked or in panels; int8 the C++ kernel's or fbgemm's product)."""
+    def measure():
+        torch.manual_seed(0)
+        layers = [Dense(i, o) for i, o in [(d_model, 3 * d_model), (d_model, d_model), (d_model, d_ff),
+                                           (d_ff, d_model)]]
+        xs = [torch.randn(batch, layer.weight.shape[0]) for layer in layers]
+        f32, int8 = ([layer.cast(dtype, batch) for layer in layers] for dtype in (torch.float32, INT8))
+
+        def run(weights):
+            with torch.no_grad():
+                for x, w in zip(xs, weights):
+                    dense(x, w)
+        return probe.best_ms(lambda: run(f32), lambda: run(int8), rounds=7)
+    return measure
+
+
+def int8_cost(record):
+    """The bits/dim int8 products cost a shipped model, as imagegen-convert recorded them (record's
+    int8_check: int8's minus float32's over the same test images), or None where none is recorded."""
+    check = (record or {}).get("int8_check") or {}
+    try:
+        return float(check["int8"]) - float(check["float32"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def auto_int8(device, dims, batch, cost):
+    """(int8?, why) for sampling's `auto`: on the CPU, for a model whose recorded int8 cost (`int8_cost`)
+    is at most INT8_MAX_COST, where int8 works here and its decoding products at `batch` rows measure
+    `probe.MARGIN` times float32's speed (with probes off: never)."""
+    if device.type != "cpu" or dims is None or batch is None:
+        return False, "int8 is measured on the CPU only"
+    if cost is None:
+        return False, "no int8 cost recorded for this model (imagegen-convert records it)"
+    if cost > INT8_MAX_COST:
+        return False, f"int8 costs this model {cost:.4f} bits/dim, above the {INT8_MAX_COST} allowed"
+    if (why := can_int8()) is not None:
+        return False, why
+    D, F = (int(d) for d in dims)
+    verdict = probe.decide(f"int8-decode:N{int(batch)}:D{D}:F{F}", int8_products(int(batch), D, F))
+    if verdict is None:
+        return False, "int8 not measured (probes off)"
+    return verdict.chosen, (f"int8 products measured {verdict.ratio:.2f}x float32's speed here, "
+                            f"{'at least' if verdict.chosen else 'below'} the {probe.MARGIN:.2f}x asked, "
+                            f"at a recorded cost of {cost:+.4f} bits/dim ({verdict.where()})")
 
 
 def auto_bf16(device, dims=None, batch=None, backward=True):
@@ -124,9 +178,10 @@ def slow_bf16_note(dtype, device):
     return f"note: bfloat16 is slow here ({why}): its products are emulated, many times slower than float32."
 
 
-def resolve_precision(setting, device, key="precision", dims=None, batch=None, choices=PRECISIONS):
+def resolve_precision(setting, device, key="precision", dims=None, batch=None, choices=PRECISIONS, record=None):
     """precision=float32|bfloat16|auto|int8 -> torch.float32, torch.bfloat16 or dtypes.INT8 (torch.qint8:
-    int8 Dense products, CPU only); auto: bfloat16 where faster, never int8; dims (d_model, d_ff) and
+    int8 Dense products, CPU only); auto: int8 for sampling (batch given) where `auto_int8` says so for the
+    model's record (a shipped model's; None: never), else bfloat16 where faster; dims (d_model, d_ff) and
     batch: the sampler's products to measure, see `auto_bf16`. choices: the settings allowed."""
     if setting not in choices:
         raise UserError(f"{key} must be one of {', '.join(choices)}, not {setting!r}.")
@@ -138,13 +193,20 @@ def resolve_precision(setting, device, key="precision", dims=None, batch=None, c
             raise UserError(f"{key}=int8 is not available: {why}; use float32.")
         return INT8
     if setting == "auto":
+        if batch is not None and auto_int8(device, dims, batch, int8_cost(record))[0]:
+            return INT8
         setting = "bfloat16" if auto_bf16(device, dims, batch, backward=False)[0] else "float32"
     return torch.bfloat16 if setting == "bfloat16" else torch.float32
 
 
-def precision_reason(setting, device, dims=None, batch=None):
+def precision_reason(setting, device, dims=None, batch=None, record=None):
     """Why precision=auto resolved as it did (for the sampler's speed line); '' for other settings."""
-    return f": {auto_bf16(device, dims, batch, backward=False)[1]}" if setting == "auto" else ""
+    if setting != "auto":
+        return ""
+    int8, why = auto_int8(device, dims, batch, int8_cost(record)) if batch is not None else (False, None)
+    if int8:
+        return f": {why}"
+    return ": " + "; ".join(filter(None, [auto_bf16(device, dims, batch, backward=False)[1], why]))
 
 
 def resolve_precisions(settings, device, key, choices=PRECISIONS):

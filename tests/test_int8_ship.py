@@ -140,3 +140,44 @@ def test_export_of_an_int8_model_ships_its_int8_weights(run_checkpoint, tmp_path
     assert sizes["model.safetensors"] < 0.35 * sizes32["model.safetensors"]
     float32 = load_file(tmp_path / "site32" / "model.safetensors")
     assert all(v.dtype == torch.float32 for v in float32.values()) and not any(k.endswith("_scale") for k in float32)
+
+
+def test_convert_records_the_int8_cost_and_a_shipped_model_converts_again(run_checkpoint, tmp_path, mnist_root):
+    """The check scores its images with int8 products too (int8_check: what sampling's precision=auto
+    weighs); converting the shipped file again (here to int8) keeps its record and adds the new checks."""
+    from imagegen.ops.dense import int8_weights
+    from imagegen.ops.int8 import can_int8
+    if can_int8() is not None:
+        pytest.skip(f"int8 products unavailable: {can_int8()}")
+    path, ema = run_checkpoint
+    first = convert_at(path, tmp_path / "m", mnist_root, "float32", check_images=3)
+    x, _ = load_split("mnist", mnist_root, "test")
+    with torch.no_grad(), int8_weights(ema):
+        int8 = bits_per_dim(ema, x[:3], 8, "cpu")
+    assert first["int8_check"] == {"images": 3, "float32": first["test_check"]["bits_per_dim"],
+                                   "int8": pytest.approx(int8, rel=1e-6)}
+    assert first["int8_check"]["int8"] != first["int8_check"]["float32"]
+    again = convert_at(tmp_path / "m.safetensors", tmp_path / "m8", mnist_root, "int8", check_images=3)
+    assert again["step"] == 7 and again["source"] == first["source"] and again["precision"] == "int8"
+    assert json.loads((tmp_path / "m8.json").read_text())["record"] == json.loads(json.dumps(again))
+
+
+def test_sampling_auto_takes_int8_only_for_a_small_recorded_cost_where_faster(monkeypatch):
+    from imagegen import precision
+    from imagegen.dtypes import INT8
+    from imagegen.tuning import probe
+    cpu, dims = torch.device("cpu"), (128, 512)
+    record = {"int8_check": {"images": 500, "float32": 0.8795, "int8": 0.8801}}
+    assert precision.int8_cost(record) == pytest.approx(0.0006) and precision.int8_cost({}) is None
+    verdicts = []
+    monkeypatch.setattr(precision, "auto_bf16", lambda *a, **k: (False, "bfloat16 slower here"))
+    monkeypatch.setattr(probe, "decide", lambda key, measure: verdicts.append(key) or probe.Verdict(
+        key, 2.1, 1.0, True, "cached", "probes.json"))
+    assert precision.resolve_precision("auto", cpu, dims=dims, batch=64, record=record) == INT8
+    assert verdicts == ["int8-decode:N64:D128:F512"]
+    costly = {"int8_check": {"images": 500, "float32": 0.8795, "int8": 0.8995}}
+    for other in (None, {}, costly):                   # no cost recorded, or too high: float32, nothing timed
+        assert precision.resolve_precision("auto", cpu, dims=dims, batch=64, record=other) == torch.float32
+    assert precision.resolve_precision("auto", cpu, dims=dims, record=record) == torch.float32   # evaluation
+    assert len(verdicts) == 1
+    assert "above the 0.01 allowed" in precision.precision_reason("auto", cpu, dims=dims, batch=64, record=costly)

@@ -2,7 +2,8 @@
 see conf/convert.yaml and imagegen/store/shipped.py). The result loads wherever a checkpoint is taken
 (checkpoint=OUT.safetensors), and by name once it lies in the package's checkpoints/ folder.
 precision=int8 stores each Dense layer's weight in 8 bits with a float32 scale per output column (about a
-quarter of the size); it loads as float32 (q * scale), and the check scores those weights.
+quarter of the size); it loads as float32 (q * scale), and the check scores those weights. On the CPU the
+check scores the same images with int8 products too (int8_check: what sampling's precision=auto weighs).
 
 Nothing is written until everything that can fail has run (the check scores the bytes the
 .safetensors file will hold): a failed or interrupted convert leaves no OUT files behind."""
@@ -15,12 +16,15 @@ from .cli import hydra_entry
 from ..data.sets import load_from_config
 from ..errors import UserError
 from ..bits_per_dim import bits_per_dim
+from ..ops.dense import int8_weights
+from ..ops.int8 import can_int8
 
 
 def convert(cfg, device):
     """Write the files; returns the record stored in OUT.json. The .json keeps the checkpoint's data
     section (its root included, made absolute; keep_root=false: empty), with the non-null data.* values
-    of the command line over it."""
+    of the command line over it. A shipped model (OUT.safetensors of an earlier convert) keeps its record,
+    with this command's guidance, precision and checks over it."""
     if cfg["check_images"] < 0:
         raise UserError(f"check_images must be >= 0 (0: skip the check), got {cfg['check_images']}.")
     precision = shipped.check_precision(cfg.get("precision", "float32"))
@@ -28,12 +32,14 @@ def convert(cfg, device):
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
     state = ck.get("state", {})
-    # source: the run's folder and file, not this machine's path (the record ships with the model)
-    record = {"source": f"{path.parent.name}/{path.name}", "step": state.get("step"),
-              "minutes": round(state.get("elapsed", 0) / 60, 1),
-              "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
-              "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"],
-              "precision": precision}
+    if "record" in ck:            # a shipped model converted again (another precision, a new check): its record kept
+        record = {**ck["record"], "guidance": cfg["guidance"], "precision": precision}
+    else:                         # source: the run's folder and file, not this machine's path (the record ships)
+        record = {"source": f"{path.parent.name}/{path.name}", "step": state.get("step"),
+                  "minutes": round(state.get("elapsed", 0) / 60, 1),
+                  "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
+                  "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"],
+                  "precision": precision}
     data = {**ck["config"]["data"], **{k: v for k, v in (cfg.get("data") or {}).items() if v is not None}}
     if data.get("root") is not None:
         data["root"] = str(Path(data["root"]).expanduser().absolute())
@@ -52,6 +58,12 @@ def convert(cfg, device):
                            labels=y if again.num_classes else None)
         record["test_check"] = {"images": len(x), "bits_per_dim": bpd, "labels": bool(again.num_classes)}
         print(f"bits/dim of the first {len(x)} test images: {bpd:.4f} (recorded)")
+        if device.type == "cpu" and can_int8() is None:   # what sampling's precision=auto weighs (precision.int8_cost)
+            with int8_weights(again):
+                int8 = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"],
+                                    labels=y if again.num_classes else None)
+            record["int8_check"] = {"images": len(x), "float32": bpd, "int8": int8}
+            print(f"with int8 products: {int8:.4f} ({int8 - bpd:+.4f}, recorded)")
     if not cfg.get("keep_root", True):
         config["data"]["root"] = None           # a model to ship: the loading machine's data/<name>
     weights, meta = shipped.write(cfg["out"], config, blob, record)

@@ -76,7 +76,7 @@ def run_sample(cfg, device):
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
-    measured = dict(dims=model_dims(model), batch=cfg["batch_size"])       # what precision=auto times
+    measured = dict(dims=model_dims(model), batch=cfg["batch_size"], record=ck.get("record"))  # for precision=auto
     dtype = resolve_precision(cfg["precision"], device, **measured)
     if note := slow_bf16_note(dtype, device):
         print(note)

@@ -176,7 +176,7 @@ class EvalConfig(CheckpointCommand):
     lsh_seed: int = opt(0, "LSH: seed of the first hash draw")
     precision: str = opt("float32", "float32, bfloat16 (the forward under bfloat16 autocast; sums in float64), auto "
                                     "(bfloat16 where measured faster; never int8) or int8 (CPU: the Dense layers with "
-                                    "8-bit weights, one scale per output channel, activations quantized per call; "
+                                    "8-bit weights, one scale per output channel, activations quantized per row; "
                                     "LayerNorm, the attention's sums and the head in float32): the quantized model's "
                                     "exact bits/dim")
     labels: bool = opt(True, "class-conditional models: score each image given its label (false: without labels)")
@@ -204,9 +204,11 @@ class SampleConfig(CheckpointCommand):
     temperature: float = opt(1.0, "sampling temperature (> 0; 1 samples the model's distribution)")
     seed: int = opt(0, "seed of the draws")
     precision: str = opt("auto", "matrix products in float32, bfloat16 (sums, LayerNorm, the head and the draw stay "
-                                 "float32), auto (bfloat16 where the hardware is fast at it; never int8) or int8 "
-                                 "(CPU: the Dense layers with 8-bit weights, activations quantized per call; the "
-                                 "rest float32; decoding runs the Python step loop, not the one-call C++ step)")
+                                 "float32), auto (int8 for a model whose recorded int8 cost is at most 0.01 bits/dim "
+                                 "where its products measure faster; else bfloat16 where measured faster) or int8 "
+                                 "(CPU: the Dense layers with 8-bit weights, activations quantized per row (per call "
+                                 "in fbgemm's product, where the C++ kernel is not built); the rest "
+                                 "float32; docs/speed.md)")
     label: Optional[int] = opt(None, "class-conditional models, grid mode: every image of this class (0..C-1)")
     labels: Any = opt("auto", "class-conditional models: a list of classes, one grid row (nrow images) each; auto: "
                               "one row per class (complete mode: each test image's own label); none: no labels")
@@ -275,8 +277,9 @@ class BenchConfig:
     probe_positions: List[int] = opt([100, 3000], "sampling: positions whose latency ratio is reported")
     reps: int = opt(5, "sampling: timed steps per position")
     sampling_precisions: List[str] = opt(["float32", "auto"], "sampling: precisions of the matrix products "
-                                                              "(float32, bfloat16, auto: bfloat16 where fast, never "
-                                                              "int8; int8: 8-bit Dense weights, CPU)")
+                                                              "(float32, bfloat16, auto: bfloat16 where fast (its "
+                                                              "random weights record no int8 cost); int8: 8-bit "
+                                                              "Dense weights, CPU)")
     plot_batch: int = opt(64, "sampling: batch size of the latency plot (or the nearest measured one)")
     plot_log: bool = opt(False, "sampling: log-scale ms axis in the latency plot")
     lsh_options: Dict[str, Any] = opt({"n_hashes": 1, "n_buckets": 64, "chunk_size": 32}, "sampling: LSH options")

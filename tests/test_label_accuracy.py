@@ -1,5 +1,5 @@
 """The label-accuracy judge (imagegen.benchmarks.label_accuracy) on a colour model: its table's
-columns, and a judge file that is written once and read back (the same test accuracy)."""
+columns, and a judge file that is written once and read back (the same test accuracy); samples at int8."""
 import json
 
 import pytest
@@ -16,10 +16,11 @@ def test_judge_reads_a_colour_model_and_reuses_its_classifier(cifar_root, tmp_pa
             "3", "--per-class", "1", "--epochs", "1", "--threads", "1", "--judge", str(tmp_path / "judge.pt")]
     main([*args, "--out-dir", str(tmp_path / "a")])
     assert (tmp_path / "judge.pt").is_file()
-    main([*args, "--out-dir", str(tmp_path / "b")])             # the saved judge, not a new one
+    main([*args, "--out-dir", str(tmp_path / "b"), "--precision", "int8"])   # the saved judge, not a new one
     a, b = (json.loads((tmp_path / d / "label_accuracy.json").read_text()) for d in "ab")
     assert a["classifier_test_accuracy"] == b["classifier_test_accuracy"]
     for row in a["rows"]:
         assert row["samples"] == 10 and 0 <= row["recognised"] <= 1 and 0 < row["confidence"] <= 1
         assert 0 < row["samples_bpd"] < 16
     assert "airplane" in (tmp_path / "a" / "label_accuracy.md").read_text()    # the classes by name
+    assert [row["precision"] for row in a["rows"] + b["rows"]] == ["float32"] * 2 + ["int8"] * 2

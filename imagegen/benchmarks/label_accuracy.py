@@ -7,10 +7,12 @@ its samples given their labels (near its test bits/dim at guidance 1; streaks an
 
     python -m imagegen.benchmarks.label_accuracy [--checkpoint mnist-linear] [--data-root DIR]
         [--guidance 1 2 3] [--per-class 100] [--epochs 4] [--threads N] [--judge FILE] [--out-dir bench]
+        [--precision float32|int8|auto]
 
 Writes bench/label_accuracy.{json,md}. The classifier is a judge, not part of imagegen: two 3x3
 convolutions with max-pooling and a linear layer (the classic small MNIST CNN, colour input for
-CIFAR-10), Adam, seeded.
+CIFAR-10), Adam, seeded. --precision: the sampler's products (int8: 8-bit weights; the samples' own
+bits/dim are always scored in float32, by the model as trained).
 """
 import argparse
 import time
@@ -22,6 +24,9 @@ from torch import nn
 from ..store import checkpoint, shipped
 from ..data.sets import dataset_info, load_from_config
 from ..bits_per_dim import bits_per_dim
+from ..dtypes import dtype_name
+from ..model.transformer import model_dims
+from ..precision import resolve_precision
 from ..sampling.decode import generate
 from .report import machine, markdown_table, write_outputs
 
@@ -85,6 +90,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="bench")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--precision", default="float32", help="the sampler's products: float32, int8, bfloat16 or auto")
     p.add_argument("--judge", default=None, help="file of the classifier's weights: read when it exists (its test "
                                                  "accuracy is measured again), else written after training")
     args = p.parse_args(argv)
@@ -106,23 +112,26 @@ def main(argv=None):
     print(f"classifier: {len(train[0])} training images, {args.epochs} epochs, {time.perf_counter() - start:.0f} s; "
           f"test accuracy {accuracy:.4f} on {len(test[0])} images")
     asked = torch.arange(model.num_classes).repeat_interleave(args.per_class)
+    dtype = resolve_precision(args.precision, torch.device("cpu"), dims=model_dims(model), batch=args.batch_size,
+                              record=ck.get("record"))
     rows = []
     for guidance in args.guidance:
         start = time.perf_counter()
         seqs = generate(model, len(asked), labels=asked, guidance=guidance, seed=args.seed,
-                        batch_size=args.batch_size, progress=True, desc=f"guidance {guidance:g}")
+                        batch_size=args.batch_size, progress=True, desc=f"guidance {guidance:g}", dtype=dtype)
         seconds = time.perf_counter() - start
         probs = class_probs(net, seqs, info)
         hit = probs.argmax(-1) == asked
         own_bpd = bits_per_dim(model, seqs, args.batch_size, torch.device("cpu"), labels=asked)
-        row = {"guidance": guidance, "samples": len(asked), "recognised": hit.float().mean().item(),
+        row = {"guidance": guidance, "precision": dtype_name(dtype), "samples": len(asked),
+               "recognised": hit.float().mean().item(),
                "confidence": probs[torch.arange(len(asked)), asked].mean().item(), "samples_bpd": own_bpd,
                "seconds": seconds}
         row.update({f"class_{c}": hit[asked == c].float().mean().item() for c in range(model.num_classes)})
         rows.append(row)
         print(f"guidance {guidance:g}: {row['recognised']:.3f} recognised as the class asked for, judge's confidence "
               f"{row['confidence']:.3f}, the samples' own bits/dim {own_bpd:.4f} ({seconds:.0f} s)")
-    columns = [("guidance", "guidance", "{:g}"), ("recognised", "all", "{:.3f}"),
+    columns = [("guidance", "guidance", "{:g}"), ("precision", "precision", "{}"), ("recognised", "all", "{:.3f}"),
                ("confidence", "confidence", "{:.3f}"), ("samples_bpd", "samples' bits/dim", "{:.4f}")] + [
         (f"class_{c}", info.class_names[c], "{:.2f}") for c in range(model.num_classes)]
     md = (f"Share of samples recognised as the class asked for ({args.per_class} per class; checkpoint {path}; "

@@ -169,3 +169,27 @@ def test_no_shipped_card_or_demo_file_names_a_path_of_the_machine_that_made_it()
     for path in demos:
         absolute = [s for s in strings(json.loads(path.read_text())) if s.startswith(("/", "~")) or ":\\" in s]
         assert not absolute, f"{path.relative_to(root)} holds {absolute}"
+
+
+@pytest.mark.parametrize("site, name", [("demo", "mnist-linear"), ("demo/cifar10", "cifar10-linear")])
+def test_demo_sites_are_the_current_page_and_the_shipped_weights(site, name):
+    """docs/demo and docs/demo/cifar10 are `imagegen-export` outputs: their page, sampler, worker and
+    WebAssembly are imagegen/web's files as they are now, their config names the shipped model's
+    architecture, and their weights are the shipped model's (8-bit weights within half a scale step)."""
+    from safetensors.torch import load_file
+
+    from imagegen.web.site import PAGE_FILES, WEB_DIR
+    root = Path(__file__).resolve().parents[1] / "docs" / site
+    for file in PAGE_FILES:
+        assert (root / file).read_bytes() == (WEB_DIR / file).read_bytes(), f"docs/{site}/{file} is stale: re-export"
+    model = imagegen.load(name).module
+    config = json.loads((root / "config.json").read_text())
+    assert config["context"] == list(model.context) and config["n_layers"] == len(model.blocks)
+    weights, shipped_weights = load_file(root / "model.safetensors"), model.state_dict()
+    for key, value in shipped_weights.items():
+        got = weights[key]
+        if got.dtype == torch.int8:
+            scale = weights[key + "_scale"]                  # (out,): one per column of the (in, out) weight
+            assert ((got.float() * scale - value).abs() <= scale / 2 + 1e-6).all(), key
+        else:
+            assert torch.equal(got, value), key

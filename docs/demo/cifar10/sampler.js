@@ -10,17 +10,30 @@
 // C classes, T positions.
 // No DOM, no network: the worker (worker.js) and tests import it.
 
-/** Parse a safetensors file (8-byte LE header length, JSON header, raw LE tensors): {name: {shape, data}}. */
+/** Parse a safetensors file (8-byte LE header length, JSON header, raw LE tensors): {name: {shape, data}},
+ * data a Float32Array. An int8 weight X.weight (I8, (in, out)) beside its scales X.weight_scale (F32, (out,))
+ * (imagegen-export precision=int8) is read as float32 q * scale, as imagegen.store.shipped.dequantized does. */
 export function parseSafetensors(buffer) {
   const view = new DataView(buffer);
   const headerLength = Number(view.getBigUint64(0, true));
   const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 8, headerLength)));
-  const start = 8 + headerLength, tensors = {};
+  const start = 8 + headerLength, tensors = {}, int8 = [];
   for (const [name, info] of Object.entries(header)) {
     if (name === "__metadata__") continue;
-    if (info.dtype !== "F32") throw new Error(`tensor ${name} is ${info.dtype}; the page reads F32 only`);
-    const [a, b] = info.data_offsets;
-    tensors[name] = {shape: info.shape, data: new Float32Array(buffer.slice(start + a, start + b))};
+    const [a, b] = info.data_offsets, bytes = buffer.slice(start + a, start + b);
+    if (info.dtype === "I8") int8.push(name);
+    else if (info.dtype !== "F32") throw new Error(`tensor ${name} is ${info.dtype}; the page reads F32 and I8 only`);
+    tensors[name] = {shape: info.shape, data: info.dtype === "I8" ? new Int8Array(bytes) : new Float32Array(bytes)};
+  }
+  for (const name of int8) {
+    const q = tensors[name], s = tensors[name + "_scale"], [nIn, nOut] = q.shape;
+    if (q.shape.length !== 2 || !s || s.data instanceof Int8Array || s.data.length !== nOut) {
+      throw new Error(`int8 tensor ${name} has no float32 scales ${name}_scale of one per output column`);
+    }
+    const w = new Float32Array(nIn * nOut);
+    for (let i = 0; i < nIn; i++) for (let j = 0; j < nOut; j++) w[i * nOut + j] = q.data[i * nOut + j] * s.data[j];
+    tensors[name] = {shape: q.shape, data: w};
+    delete tensors[name + "_scale"];
   }
   return tensors;
 }
@@ -236,6 +249,8 @@ export class Model {
     this.tok = get("tok.weight").data; this.row = get("row.weight").data;
     this.col = get("col.weight").data; this.chan = get("chan.weight").data;
     this.label = this.C ? get("label.weight").data : null;
+    this.context = c.context || [];                // sub-pixel distances whose bytes add ctx.<i>.weight (257, D)
+    this.ctx = this.context.map((_, i) => get(`ctx.${i}.weight`).data);
     this.blocks = [];
     for (let l = 0; l < c.n_layers; l++) {
       const p = `blocks.${l}.`, d = (n) => get(p + n).data;
@@ -275,6 +290,7 @@ export class Model {
       n, t: 0, classes,
       S: this.blocks.map(() => (this.wasmAttention ? this.wasm.alloc(n * H * E * E) : new Float32Array(n * H * E * E))),
       z: this.blocks.map(() => (this.wasmAttention ? this.wasm.alloc(n * H * E) : new Float32Array(n * H * E))),
+      seq: this.context.length ? new Int32Array(n * this.length) : null,   // the token read at each position
       h: new Float32Array(rows * D), a: new Float32Array(rows * D), att: new Float32Array(rows * D),
       qkv: new Float32Array(rows * 3 * D), ff: new Float32Array(rows * F), params: new Float32Array(n * P),
     };
@@ -302,9 +318,11 @@ export class Model {
     s.t += T;
   }
 
-  /** s.h (N*T, D) = tok + row + col + chan (+ the image's class vector) at positions s.t .. s.t+T-1. */
+  /** s.h (N*T, D) = tok + row + col + chan (+ the image's class vector, + each context distance o's
+   * embedding of the byte o back: the token read at t - o + 1, START before the image) at positions
+   * s.t .. s.t+T-1. */
   embed(tokens, s, T) {
-    const {D} = this, n = s.n;
+    const {D} = this, L = this.length, n = s.n;
     for (let r = 0; r < n; r++) {
       const lab = this.label ? s.classes[r] * D : 0;
       for (let k = 0; k < T; k++) {
@@ -315,6 +333,12 @@ export class Model {
           const e = this.tok[tokE + i] + this.row[rowE + i] + this.col[colE + i] + this.chan[chanE + i];
           s.h[o + i] = this.label ? e + this.label[lab + i] : e;
         }
+        if (!s.seq) continue;
+        s.seq[r * L + t] = tokens[r * T + k];
+        this.context.forEach((dist, j) => {
+          const p = t - dist + 1, at = (p >= 0 ? s.seq[r * L + p] : 256) * D, emb = this.ctx[j];
+          for (let i = 0; i < D; i++) s.h[o + i] += emb[at + i];
+        });
       }
     }
   }
@@ -362,7 +386,7 @@ export class Model {
     }
   }
 
-  /** Copy image `from`'s decoding state (S, z per layer) in state `src` to image `to` in `dst`. */
+  /** Copy image `from`'s decoding state (S, z per layer, the bytes read) in state `src` to image `to` in `dst`. */
   copyState(src, from, dst, to) {
     const {H, E} = this, sS = H * E * E, sZ = H * E;
     const copy = (a, b, k) => {                 // image `from` of a -> image `to` of b, k floats each
@@ -371,6 +395,7 @@ export class Model {
     };
     src.S.forEach((S, l) => copy(S, dst.S[l], sS));
     src.z.forEach((z, l) => copy(z, dst.z[l], sZ));
+    if (src.seq) dst.seq.set(src.seq.subarray(from * this.length, (from + 1) * this.length), to * this.length);
   }
 
   /** Hand back what `init` took from the WebAssembly memory (nothing to do in JavaScript). */

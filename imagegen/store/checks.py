@@ -8,7 +8,6 @@ WHAT; use another checkpoint ..." (`damaged`):
   torch_saved(path)                  whether the file starts as torch.save's files do
   load_reason(e)                     why torch.load refused a file, in whole words
   check_config(ck, path)             a model section that fits the schema, a known dataset
-  check_int8(weights, path)          a shipped int8 file: each int8 X.weight beside its float32 X.weight_scale
   check_weights(state_dict, path)    a dict of floating-point, finite tensors
   check_buildable(cfg, weights, path)  before allocating: attention options, the layer count against
                                      the weights, the size against free memory
@@ -32,15 +31,10 @@ from ..data.sets import dataset_info
 from ..errors import UserError
 from ..tuning.machine import available_bytes
 from ..dtypes import dtype_name
-from .format import FORMAT
+from .format import FORMAT, damaged
 
 MAX_STEP = 10 ** 9            # optimizer steps: far beyond any run; a larger count is an edited file
 MAX_ELAPSED = 10 ** 9         # seconds trained (about 32 years)
-
-
-def damaged(path, what):
-    return UserError(f"{path} is damaged or was edited: {what}; use another checkpoint, e.g. best.pt or last.pt "
-                     f"from the run folder.")
 
 
 def check_path(path, hint="checkpoint=PATH"):
@@ -129,26 +123,6 @@ def check_config(ck, path):
     except UserError as e:
         raise damaged(path, str(e).rstrip(".")) from None
     cfg["model"] = model
-
-
-def check_int8(weights, path):
-    """A .safetensors state dict as read (shipped.read): each int8 tensor is a weight X.weight (in, out) with
-    float32 scales X.weight_scale (out,), positive and finite, beside it, and each X.weight_scale scales one."""
-    for name, t in weights.items():
-        if name.endswith(".weight_scale"):
-            w = weights.get(name[:-len("_scale")])
-            if w is None or w.dtype != torch.int8:
-                raise damaged(path, f"it holds scales {name} but no int8 weight {name[:-len('_scale')]} for them")
-        elif t.dtype == torch.int8:
-            scale = weights.get(name + "_scale")
-            if scale is None:
-                raise damaged(path, f"its int8 weight {name} has no scales {name}_scale beside it")
-            if t.dim() != 2 or scale.dtype != torch.float32 or scale.shape != t.shape[1:]:
-                raise damaged(path, f"its int8 weight {name} is {shape(t)} with scales {name}_scale of "
-                                    f"{dtype_name(scale.dtype)} {shape(scale)}, where a weight (in, out) takes "
-                                    f"float32 scales (out,)")
-            if not (torch.isfinite(scale).all() and (scale > 0).all()):
-                raise damaged(path, f"its scales {name}_scale are not all positive and finite")
 
 
 def check_weights(state_dict, path):

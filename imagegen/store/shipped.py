@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..paths import data_dir
-from .format import FORMAT
+from .format import FORMAT, damaged
 
 SHIPPED = data_dir("checkpoints")
 DEFAULT = "mnist-linear"          # what imagegen-sample draws from when no checkpoint is named
@@ -125,10 +125,8 @@ def int8_state(model):
 
 def dequantized(weights, path):
     """weights (a state dict as read) with each int8 X.weight and its X.weight_scale replaced by float32
-    X.weight = q * scale; a UserError naming what does not fit (checks.check_int8)."""
+    X.weight = q * scale; a UserError naming what does not fit (`check_int8`)."""
     import torch
-
-    from .checks import check_int8
 
     check_int8(weights, path)
     return {name: t.float() * weights[name + SCALE] if t.dtype == torch.int8 else t
@@ -168,3 +166,25 @@ def write_config(stem, config, record):
     text = json.dumps({"format": FORMAT, "config": config, "record": record}, indent=1) + "\n"
     write_bytes(meta, text.encode(), "config", WRITE_FIX)
     return meta
+
+
+def check_int8(weights, path):
+    """A .safetensors state dict as read (shipped.read): each int8 tensor is a weight X.weight (in, out) with
+    float32 scales X.weight_scale (out,), positive and finite, beside it, and each X.weight_scale scales one."""
+    import torch
+
+    for name, t in weights.items():
+        if name.endswith(".weight_scale"):
+            w = weights.get(name[:-len("_scale")])
+            if w is None or w.dtype != torch.int8:
+                raise damaged(path, f"it holds scales {name} but no int8 weight {name[:-len('_scale')]} for them")
+        elif t.dtype == torch.int8:
+            scale = weights.get(name + "_scale")
+            if scale is None:
+                raise damaged(path, f"its int8 weight {name} has no scales {name}_scale beside it")
+            if t.dim() != 2 or scale.dtype != torch.float32 or scale.shape != t.shape[1:]:
+                raise damaged(path, f"its int8 weight {name} is {tuple(t.shape)} with scales {name}_scale of "
+                                    f"{scale.dtype} {tuple(scale.shape)}, where a weight (in, out) takes "
+                                    f"float32 scales (out,)")
+            if not (torch.isfinite(scale).all() and (scale > 0).all()):
+                raise damaged(path, f"its scales {name}_scale are not all positive and finite")

@@ -24,6 +24,7 @@ from ..tuning.allocator import keep_freed_memory
 from ..ops import causal_product, kernel_error
 from .report import machine
 from .timing import backward_over_forward, time_all
+from ..errors import one_line
 
 DEFAULT_SHAPES = ["4,8,784,32,32", "4,8,3072,32,32", "4,8,16384,32,32",
                   "16,4,784,32,32", "16,4,3072,32,32"]
@@ -97,4 +98,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    one_line(main)()

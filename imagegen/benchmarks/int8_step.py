@@ -20,6 +20,7 @@ import time
 import torch
 
 from .report import machine, markdown_table, write_outputs
+from ..errors import one_line
 
 SHAPES = [("256->768", 256, 768), ("256->1024", 256, 1024), ("1024->256", 1024, 256)]
 # paper_cifar (conf/preset/paper_cifar.yaml: d_model 256, d_ff 1024): one block's products
@@ -111,4 +112,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    one_line(main)()

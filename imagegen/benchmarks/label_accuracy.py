@@ -29,6 +29,7 @@ from ..model.transformer import model_dims
 from ..precision import resolve_precision
 from ..sampling.decode import generate
 from .report import machine, markdown_table, write_outputs
+from ..errors import one_line
 
 
 def classifier(channels, classes, height, width):
@@ -142,4 +143,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    one_line(main)()

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..files import write_bytes
 from .report import markdown_table
+from ..errors import one_line
 
 
 def load(out_dir):
@@ -70,4 +71,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    one_line(main)()

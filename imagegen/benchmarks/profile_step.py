@@ -21,6 +21,7 @@ from ..data.catalogue import DATASETS
 from ..paths import data_dir
 from .attention import training_step
 from .report import machine
+from ..errors import one_line
 
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
 
@@ -93,4 +94,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    one_line(main)()

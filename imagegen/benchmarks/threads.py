@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import one_line
+
 SETTINGS = {                 # name -> (threads argument, extra environment)
     "default (threads=0)": (0, {}),
     "threads=1": (1, {}),
@@ -132,4 +134,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    one_line(main)()

@@ -348,3 +348,30 @@ def out_and_grads(fn, q, k, v, grad_seed=1):
     gen = torch.Generator().manual_seed(grad_seed)
     g = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
     return (out.detach(), *torch.autograd.grad(out, leaves, g, allow_unused=True))
+
+
+def mnist_best_pt(tmp_path, mnist_root, model_cfg, ema_noise=0.0):
+    """(path, ema): a best.pt as imagegen-train writes it of a (random) MNIST model `model_cfg` with an
+    averaged copy of its weights (the one a conversion takes), moved by ema_noise x N(0, 1) when given."""
+    from imagegen.data.catalogue import DATASETS
+    from imagegen.model.transformer import build_model
+    from imagegen.store import checkpoint
+    torch.manual_seed(0)
+    model, ema = build_model(model_cfg, DATASETS["mnist"]), build_model(model_cfg, DATASETS["mnist"])
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(torch.randn_like(p) * ema_noise)
+    data = {"name": "mnist", "root": str(mnist_root), "download": False, "mirror": None, "val_fraction": 0.05,
+            "split_seed": 0}
+    config = {"model": model_cfg, "data": data, "train": {"lr": 1e-3}}
+    path = tmp_path / "run" / "best.pt"
+    checkpoint.save(path, {"config": config, "model": model.state_dict(), "ema": ema.state_dict(),
+                           "state": {"step": 7, "elapsed": 90.0, "epoch": 0, "seen": 0, "best_val": 5.0}})
+    return path, ema
+
+
+def convert_cfg(path, out, mnist_root, check_images=4, guidance=2.0, precision="float32"):
+    """imagegen-convert's config for checkpoint `path` -> OUT, its check on mnist_root's test digits."""
+    return {"checkpoint": str(path), "out": str(out), "guidance": guidance, "check_images": check_images,
+            "batch_size": 8, "device": "cpu", "threads": 0, "progress": False, "precision": precision,
+            "data": {"root": str(mnist_root), "download": None, "mirror": None}}

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 import imagegen
 from commands import call, one_line_error
-from fixtures import one_sentence
+from fixtures import convert_cfg, mnist_best_pt, one_sentence
 from imagegen.bits_per_dim import bits_per_dim
 from imagegen.commands.convert import convert
 from imagegen.commands.export import export
@@ -19,7 +19,6 @@ from imagegen.errors import UserError
 from imagegen.model.transformer import build_model
 from imagegen.ops.dense import Dense
 from imagegen.ops.int8 import quantize_columns
-from imagegen.store import checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,24 +30,12 @@ MODEL = {"attention": "linear", "attention_options": {}, "n_layers": 2, "d_model
 @pytest.fixture
 def run_checkpoint(tmp_path, mnist_root):
     """A best.pt of a (random) MNIST model with an averaged copy of its weights (the one converted)."""
-    torch.manual_seed(0)
-    model, ema = build_model(MODEL, DATASETS["mnist"]), build_model(MODEL, DATASETS["mnist"])
-    with torch.no_grad():
-        for p in ema.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    config = {"model": MODEL, "data": {"name": "mnist", "root": str(mnist_root), "download": False, "mirror": None,
-                                       "val_fraction": 0.05, "split_seed": 0}, "train": {"lr": 1e-3}}
-    path = tmp_path / "run" / "best.pt"
-    checkpoint.save(path, {"config": config, "model": model.state_dict(), "ema": ema.state_dict(),
-                           "state": {"step": 7, "elapsed": 90.0, "epoch": 0, "seen": 0, "best_val": 5.0}})
-    return path, ema
+    return mnist_best_pt(tmp_path, mnist_root, MODEL, ema_noise=0.05)
 
 
 def convert_at(path, out, mnist_root, precision, check_images=0):
-    cfg = {"checkpoint": str(path), "out": str(out), "guidance": 1.0, "check_images": check_images, "batch_size": 8,
-           "device": "cpu", "threads": 0, "progress": False, "precision": precision,
-           "data": {"root": str(mnist_root), "download": None, "mirror": None}}
-    return convert(cfg, torch.device("cpu"))
+    return convert(convert_cfg(path, out, mnist_root, check_images, guidance=1.0, precision=precision),
+                   torch.device("cpu"))
 
 
 def dense_names(model):

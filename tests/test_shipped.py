@@ -11,14 +11,13 @@ from PIL import Image
 import imagegen
 from imagegen.store import checkpoint, shipped
 from imagegen.commands.convert import convert
-from imagegen.data.catalogue import DATASETS
 from imagegen.data.splits import load_split
 from imagegen.errors import UserError
 from imagegen.commands.evaluate import evaluate_on
 from imagegen.world import World
-from imagegen.model.transformer import build_model
 from imagegen.commands.sample import run_sample
 from imagegen.bits_per_dim import bits_per_dim
+from fixtures import convert_cfg, mnist_best_pt
 
 MODEL = {"attention": "linear", "attention_options": {"impl": "chunked"}, "n_layers": 1, "d_model": 16,
          "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 10, "dropout": 0.0, "num_classes": 10}
@@ -27,21 +26,7 @@ MODEL = {"attention": "linear", "attention_options": {"impl": "chunked"}, "n_lay
 @pytest.fixture
 def run_checkpoint(tmp_path, mnist_root):
     """A best.pt of a (random) class-conditional MNIST model, with an averaged copy of its weights."""
-    torch.manual_seed(0)
-    model = build_model(MODEL, DATASETS["mnist"])
-    ema = build_model(MODEL, DATASETS["mnist"])
-    config = {"model": MODEL, "data": {"name": "mnist", "root": str(mnist_root), "download": False, "mirror": None,
-                                       "val_fraction": 0.05, "split_seed": 0}, "train": {"lr": 1e-3}}
-    path = tmp_path / "run" / "best.pt"
-    checkpoint.save(path, {"config": config, "model": model.state_dict(), "ema": ema.state_dict(),
-                           "state": {"step": 7, "elapsed": 90.0, "epoch": 0, "seen": 0, "best_val": 5.0}})
-    return path, ema
-
-
-def convert_cfg(path, out, mnist_root, check_images=4):
-    return {"checkpoint": str(path), "out": str(out), "guidance": 2.0, "check_images": check_images,
-            "batch_size": 8, "device": "cpu", "threads": 0, "progress": False,
-            "data": {"root": str(mnist_root), "download": None, "mirror": None}}
+    return mnist_best_pt(tmp_path, mnist_root, MODEL)
 
 
 def test_convert_writes_the_averaged_weights_and_a_config_that_loads_anywhere(run_checkpoint, tmp_path, mnist_root):

@@ -13,7 +13,8 @@ the step samplers one whole image is also sampled at batch 1 and timed end to en
 Each method runs in every precision of `sampling_precisions` (float32; bfloat16: the step loops'
 products in bfloat16 with weights converted once, the KV cache float32 except for the method
 softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; int8: 8-bit Dense weights, activations
-quantized per call, the state float32, through the Python step loop; see `imagegen.sampling.decode`),
+quantized per row, the state float32, through the one-call C++ step where the kernel's int8 product runs;
+see `imagegen.sampling.decode`),
 the precisions in turn at each position, so that a shared machine's changing load reaches both
 and the "x float32" ratio compares like with like. The default [float32, auto] measures bfloat16
 only where it is fast (`imagegen.precision`), and never int8 (name it: [float32, int8]).

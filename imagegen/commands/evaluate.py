@@ -2,8 +2,8 @@
 
 precision=bfloat16 runs the forward under bfloat16 autocast (products in bfloat16, LayerNorm,
 the attention's sums and the head's log-likelihood in float32); precision=int8 (CPU) runs every
-Dense layer with 8-bit weights, activations quantized per call (`ops.dense.int8_weights`), so the
-result is the exact bits/dim of that quantized model; the NLL is summed in float64 either way."""
+Dense layer with 8-bit weights, activations quantized per row (`ops.dense.int8_weights`: the product the
+sampler runs), so the result is the exact bits/dim of that quantized model; the NLL is summed in float64 either way."""
 import json
 import time
 

@@ -14,7 +14,7 @@ distance of the byte x_{t-o} (START before the image), e.g. for colour 2, 3 (the
 the same channel one pixel left) and 3W (one row up): the neighbours that a linear attention's running
 average cannot single out, at the cost of a lookup. Decoding keeps the last max(context) bytes in its state.
 Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (dtypes.INT8:
-8-bit weights, activations quantized per call), with weights converted once into the state; the
+8-bit weights, activations quantized per row), with weights converted once into the state; the
 residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
 dtype (float32).
 """

@@ -15,9 +15,9 @@ the bounded guided distribution of `model.heads.guided_probs`.
 `dtype` (precision=bfloat16): the step loop runs the blocks' products in bfloat16 with weights
 converted once into the decoding state (see `PixelTransformer.init_state`); the recompute loop
 runs model.forward under bfloat16 autocast. `dtype` dtypes.INT8 (precision=int8, CPU): every Dense
-product in int8 (8-bit weights quantized once, activations per call): the step loop through the
-Python module loop (not the one-call C++ step), the recompute loop's forward inside
-`ops.dense.int8_weights`. Distribution parameters and the draw stay float32.
+product in int8 (8-bit weights quantized once, activations per row; `ops.int8`): the step loop through
+the one-call C++ step where the kernel's int8 product runs (else the Python module loop), the recompute
+loop's forward inside `ops.dense.int8_weights`. Distribution parameters and the draw stay float32.
 """
 from contextlib import nullcontext
 

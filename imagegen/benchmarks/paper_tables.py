@@ -12,10 +12,9 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, one_line
 from ..files import write_bytes
 from .report import markdown_table
-from ..errors import one_line
 
 
 def load(out_dir):

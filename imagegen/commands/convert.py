@@ -33,13 +33,13 @@ def convert(cfg, device):
     model = checkpoint.model_from_checkpoint(ck, path)
     state = ck.get("state", {})
     if "record" in ck:            # a shipped model converted again (another precision, a new check): its record kept
-        record = {**ck["record"], "guidance": cfg["guidance"], "precision": precision}
+        record = dict(ck["record"])
     else:                         # source: the run's folder and file, not this machine's path (the record ships)
         record = {"source": f"{path.parent.name}/{path.name}", "step": state.get("step"),
                   "minutes": round(state.get("elapsed", 0) / 60, 1),
                   "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
-                  "n_params": sum(p.numel() for p in model.parameters()), "guidance": cfg["guidance"],
-                  "precision": precision}
+                  "n_params": sum(p.numel() for p in model.parameters())}
+    record.update(guidance=cfg["guidance"], precision=precision)
     data = {**ck["config"]["data"], **{k: v for k, v in (cfg.get("data") or {}).items() if v is not None}}
     if data.get("root") is not None:
         data["root"] = str(Path(data["root"]).expanduser().absolute())
@@ -54,14 +54,13 @@ def convert(cfg, device):
         again = checkpoint.model_from_checkpoint(converted, path).to(device)
         ((x, y),) = load_from_config(config["data"], ("test",), labels=True)
         x, y = x[: cfg["check_images"]], y[: cfg["check_images"]]
-        bpd = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"],
-                           labels=y if again.num_classes else None)
+        labels = y if again.num_classes else None
+        bpd = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"], labels=labels)
         record["test_check"] = {"images": len(x), "bits_per_dim": bpd, "labels": bool(again.num_classes)}
         print(f"bits/dim of the first {len(x)} test images: {bpd:.4f} (recorded)")
         if device.type == "cpu" and can_int8() is None:   # what sampling's precision=auto weighs (precision.int8_cost)
             with int8_weights(again):
-                int8 = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"],
-                                    labels=y if again.num_classes else None)
+                int8 = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"], labels=labels)
             record["int8_check"] = {"images": len(x), "float32": bpd, "int8": int8}
             print(f"with int8 products: {int8:.4f} ({int8 - bpd:+.4f}, recorded)")
     if not cfg.get("keep_root", True):

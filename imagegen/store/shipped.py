@@ -174,17 +174,17 @@ def check_int8(weights, path):
     import torch
 
     for name, t in weights.items():
-        if name.endswith(".weight_scale"):
-            w = weights.get(name[:-len("_scale")])
+        if name.endswith(".weight" + SCALE):
+            w = weights.get(name[:-len(SCALE)])
             if w is None or w.dtype != torch.int8:
-                raise damaged(path, f"it holds scales {name} but no int8 weight {name[:-len('_scale')]} for them")
+                raise damaged(path, f"it holds scales {name} but no int8 weight {name[:-len(SCALE)]} for them")
         elif t.dtype == torch.int8:
-            scale = weights.get(name + "_scale")
+            scale = weights.get(name + SCALE)
             if scale is None:
-                raise damaged(path, f"its int8 weight {name} has no scales {name}_scale beside it")
+                raise damaged(path, f"its int8 weight {name} has no scales {name}{SCALE} beside it")
             if t.dim() != 2 or scale.dtype != torch.float32 or scale.shape != t.shape[1:]:
-                raise damaged(path, f"its int8 weight {name} is {tuple(t.shape)} with scales {name}_scale of "
+                raise damaged(path, f"its int8 weight {name} is {tuple(t.shape)} with scales {name}{SCALE} of "
                                     f"{scale.dtype} {tuple(scale.shape)}, where a weight (in, out) takes "
                                     f"float32 scales (out,)")
             if not (torch.isfinite(scale).all() and (scale > 0).all()):
-                raise damaged(path, f"its scales {name}_scale are not all positive and finite")
+                raise damaged(path, f"its scales {name}{SCALE} are not all positive and finite")

@@ -53,9 +53,10 @@ def test_context_model_step_matches_forward_and_reads_its_neighbours(attention, 
             assert changed.nonzero().flatten().tolist() == [21, 22, 23, 32]
 
 
-def test_context_is_checked_and_grows_from_a_model_without(tmp_path):
-    """A bad model.context is one sentence; train.init from a model without context starts the new
-    embeddings at zero, so the first step computes what the checkpoint did."""
+def test_context_is_checked_and_grows_from_a_model_with_fewer_distances(tmp_path):
+    """A bad model.context is one sentence; train.init from a model without context, or with fewer
+    distances, starts each new embedding at zero and keeps each old one with its distance, so the
+    first step computes what the checkpoint did."""
     from imagegen.config.checks import check_model
     from imagegen.config.schema import ModelConfig
     from dataclasses import asdict
@@ -74,9 +75,17 @@ def test_context_is_checked_and_grows_from_a_model_without(tmp_path):
     assert all(not emb.weight.any() for emb in model.ctx)
     x = torch.randint(0, 256, (2, 16), dtype=torch.uint8)
     torch.testing.assert_close(model(x), plain(x))
+    for emb in model.ctx:
+        torch.nn.init.normal_(emb.weight)
     torch.save({"format": checkpoint.FORMAT, "config": grown, "model": model.state_dict()}, tmp_path / "grown.pt")
-    with pytest.raises(UserError, match="model.context"):   # the other way round: another architecture
-        checkpoint.initial_weights(str(tmp_path / "grown.pt"), cfg)
+    more = {**cfg, "model": {**cfg["model"], "context": [4, 3, 2]}}      # another order, one new distance
+    wider = tiny_model("linear", length=16, channels=1, width=4, context=(4, 3, 2))
+    wider.load_state_dict(checkpoint.initial_weights(str(tmp_path / "grown.pt"), more))
+    assert not wider.ctx[1].weight.any() and wider.ctx[0].weight.equal(model.ctx[1].weight)
+    torch.testing.assert_close(wider(x), model(x))
+    for fewer in (cfg, {**cfg, "model": {**cfg["model"], "context": [2, 3]}}):  # another architecture
+        with pytest.raises(UserError, match="model.context"):
+            checkpoint.initial_weights(str(tmp_path / "grown.pt"), fewer)
 
 
 @pytest.mark.parametrize("attention", ["linear", "softmax", "lsh"])

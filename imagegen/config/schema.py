@@ -136,7 +136,7 @@ class TrainOptions:
                                    "installed), true or false")
     init: Optional[str] = opt(None, "start a new run from these weights instead of random ones: a .pt checkpoint, "
                                     "a .safetensors model or a shipped name (mnist-linear); the model settings must "
-                                    "be its own; a resumed run keeps its own weights")
+                                    "be its own (model.context may add distances); a resumed run keeps its own weights")
     resume: bool = opt(True, "continue from run_dir/last.pt when it exists")
     overwrite: bool = opt(False, "with resume=false, start over in a run_dir that holds checkpoints (the old run's "
                                  "files are moved into run_dir/replaced-<time>/)")

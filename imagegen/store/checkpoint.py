@@ -66,19 +66,21 @@ def model_from_checkpoint(ck, path="checkpoint"):
 def initial_weights(spec, cfg):
     """The weights a new run starts from with train.init=SPEC (a .pt checkpoint, a .safetensors model
     or a shipped name): the checkpoint's average of the weights when it holds one. The architecture
-    must be the current config's; data, training settings and dropout may differ, and a model without
-    context may start a run with model.context (the new embeddings at zero)."""
+    must be the current config's; data, training settings and dropout may differ, and model.context may
+    add sub-pixel distances to those the checkpoint has (each new embedding at zero, each old one kept
+    with its distance, so the first step computes what the checkpoint did)."""
     ck = load(spec, hint="train.init=PATH")
     then = {k: v for k, v in ck["config"]["model"].items() if k != "dropout"}
     now = {k: v for k, v in cfg["model"].items() if k != "dropout"}
-    grows = not then.get("context") and bool(now.get("context"))
-    diffs = checks.architecture_diffs({**then, "context": now.get("context")} if grows else then, now)
+    old, new = list(then.get("context") or []), list(now.get("context") or [])
+    grows = set(old) < set(new)
+    diffs = checks.architecture_diffs({**then, "context": new} if grows else then, now)
     if diffs:
         raise UserError(f"train.init={spec} has another architecture than this run ({'; '.join(diffs)}); "
                         f"give the model settings it was trained with (its config), or another train.init.")
     weights = dict(ck.get("ema", ck["model"]))
-    if grows:        # context added to a model without: its embeddings start at zero, the start computes as before
-        d_model = weights["tok.weight"].shape[1]
-        for i in range(len(now["context"])):
-            weights[f"ctx.{i}.weight"] = torch.zeros(257, d_model)
+    if grows:        # each distance's embedding moves to its place in the new list; a new distance starts at zero
+        kept = {o: weights.pop(f"ctx.{i}.weight") for i, o in enumerate(old)}
+        zeros = torch.zeros(257, weights["tok.weight"].shape[1])
+        weights.update({f"ctx.{i}.weight": kept.get(o, zeros).clone() for i, o in enumerate(new)})
     return weights

@@ -1,7 +1,8 @@
-// Small-batch int8 products for decoding (precision=int8): out (N, O) = b + x W for a few float32
-// rows x (N, K) and W rounded to 8 bits per output column (w ~ scale[o] * q, q in [-127, 127]), the
-// int8 counterpart of decode_step.cpp's linear_f32_panels. torch's fbgemm dynamic linear quantizes
-// and packs x at every call, which at 1-4 rows costs more than streaming W saves.
+// int8 products (precision=int8, decoding and evaluation): out (N, O) = b + x W for float32 rows
+// x (N, K), any N (4 rows per pass over each panel), and W rounded to 8 bits per output column
+// (w ~ scale[o] * q, q in [-127, 127]), the int8 counterpart of decode_step.cpp's linear_f32_panels.
+// torch's fbgemm dynamic linear quantizes a whole batch with one scale and packs x at every call;
+// which of the two is faster at a batch is measured (imagegen.ops.int8's probe).
 //
 // Each row of x is quantized on the fly, symmetric with its own scale: sx = max|x| / 127,
 // xs = round(x * (127 / max|x|)) in [-127, 127] (nearest even), stored unsigned as xu = xs + 128, since

@@ -375,3 +375,14 @@ def convert_cfg(path, out, mnist_root, check_images=4, guidance=2.0, precision="
     return {"checkpoint": str(path), "out": str(out), "guidance": guidance, "check_images": check_images,
             "batch_size": 8, "device": "cpu", "threads": 0, "progress": False, "precision": precision,
             "data": {"root": str(mnist_root), "download": None, "mirror": None}}
+
+
+def assert_shipped_files_small(name, max_mb):
+    """The shipped model `name` has its .safetensors, .json and .md in checkpoints/, each at most max_mb
+    MB, and is listed among the shipped names."""
+    from imagegen.store import shipped
+    for suffix in (".safetensors", ".json", ".md"):
+        path = shipped.SHIPPED / f"{name}{suffix}"
+        assert path.is_file(), f"{path} is missing"
+        assert path.stat().st_size <= max_mb * 2 ** 20, f"{path} is over {max_mb} MB"
+    assert name in shipped.names()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import imagegen
-from fixtures import shared_data
+from fixtures import assert_shipped_files_small, shared_data
 from imagegen.bits_per_dim import bits_per_dim
 from imagegen.data.splits import load_split
 from imagegen.store import checkpoint, shipped
@@ -17,11 +17,7 @@ NAME = "cifar10-linear"
 
 
 def test_the_shipped_files_are_there_and_small():
-    for suffix in (".safetensors", ".json", ".md"):
-        path = shipped.SHIPPED / f"{NAME}{suffix}"
-        assert path.is_file(), f"{path} is missing"
-        assert path.stat().st_size <= 16 * 2 ** 20, f"{path} is over 16 MB"
-    assert NAME in shipped.names()
+    assert_shipped_files_small(NAME, 16)
 
 
 def test_it_loads_by_name_with_its_context():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import imagegen
-from fixtures import shared_data
+from fixtures import assert_shipped_files_small, shared_data
 from imagegen.store import checkpoint, shipped
 from imagegen.data.splits import load_split
 
@@ -15,11 +15,8 @@ NAME = "mnist-linear"
 
 
 def test_the_shipped_files_are_there_and_small():
-    for suffix in (".safetensors", ".json", ".md"):
-        path = shipped.SHIPPED / f"{NAME}{suffix}"
-        assert path.is_file(), f"{path} is missing"
-        assert path.stat().st_size <= 8 * 2 ** 20, f"{path} is over 8 MB"
-    assert NAME in shipped.names() and shipped.DEFAULT == NAME
+    assert_shipped_files_small(NAME, 8)
+    assert shipped.DEFAULT == NAME
 
 
 def test_it_loads_by_name_with_a_config_that_passes_the_checks():

@@ -52,7 +52,7 @@ def grads_of(fn, *inputs, seed=1):
 
 def close(got, want, tol):
     for i, (a, b) in enumerate(zip(got, want)):
-        err = (a.double() - b.double()).abs().max().item() / max(b.abs().max().item(), 1.0)
+        err = (a.double().cpu() - b.double().cpu()).abs().max().item() / max(b.abs().max().item(), 1.0)
         assert err < tol, f"item {i} (out, then grads): error {err:.2e} >= {tol}"
 
 

@@ -10,7 +10,7 @@ impl names:
   "chunked"    masked products inside chunks + carried state (pure PyTorch, any device)
   "kernel"     compiled recurrent kernel of csrc/ (CPU: float32/64, bfloat16; CUDA: float32/16, bfloat16);
                on the CPU `linear_attention` runs it fused with phi and the normalisation.
-               On CUDA only when asked for: its source compiles (csrc/compile_check.sh) but has never run
+               On CUDA only when asked for: compile-checked in CI (csrc/compile_check.sh), run on one GPU (docs/gpu.md)
   "triton"     `linear_attention` only: the fused chunked Triton kernels of triton_linear.py (CUDA;
                CPU tensors under Triton's interpreter, for tests)
   "auto"       the fastest available for the device and shape (`dispatch.choose_impl`: on the CPU

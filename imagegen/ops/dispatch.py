@@ -32,8 +32,8 @@ def choose_impl(q, v, fused=False):
     CUDA, fused: Triton when it imports, takes the dtype (float32/16, bfloat16) and head dims
     (E, M <= 128), and its kernels compile and agree with chunked on this device (checked once
     per process; a failure warns once, naming the cause); else chunked. Not fused: chunked.
-    The csrc CUDA kernel is never chosen: it has never run (no GPU here), while the Triton
-    kernels' arithmetic is tested under the interpreter on every change.
+    The csrc CUDA kernel is never chosen: it is tested only where a GPU is (docs/gpu.md), while
+    the Triton kernels' arithmetic is tested under the interpreter on every change.
     CPU: the kernel (float32/64, bfloat16) when it built and either no gradient is needed or
     max(E, M) <= 193; else chunked (a rule read from one AVX-512 Xeon's timings, which
     docs/notes/code-measurements.md keeps). Another CPU can differ (on an AVX2-only one the fused

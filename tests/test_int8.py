@@ -84,7 +84,7 @@ def test_int8_decoding_tracks_float32(attention, impl, batch, kernel, monkeypatc
     from imagegen.ops.build import kernel_error
     if kernel and kernel_error("cpu") is not None:
         skip_without_cpu_kernel("the CPU kernel is unavailable")
-    monkeypatch.setattr(dense_mod, "takes_kernel", lambda rows, *shape: kernel)
+    monkeypatch.setattr(dense_mod, "takes_kernel", lambda rows, *shape, always=False: kernel)
     model = scaled_model(attention, length=100, impl=impl)
     x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(1))
     want, _ = decode_params(model, x, torch.float32)
@@ -263,3 +263,25 @@ def test_dense_runs_the_kernels_step_form_as_its_reference(int8_kernel, rows):
     want = linear_int8_reference(x, packed, b)
     got = dense(x, step_form(w, b))
     assert torch.allclose(got, want, rtol=2 ** -22, atol=2 ** -22 * (want.abs().max() + b.abs().max()).item())
+
+
+def test_int8_forward_quantizes_each_row_whatever_a_probe_picked(int8_kernel, monkeypatch):
+    """int8_weights' forward (evaluation's precision=int8, the conversion's int8 check) takes the kernel's
+    per-row product even where a probe picks fbgemm's for speed (its one activation scale per call would make
+    the bits/dim depend on the batch and the thread count): each row's output is the reference's for that
+    row alone. The same rows through fbgemm's product depend on their neighbours."""
+    from imagegen.ops import dense as dense_mod
+    from imagegen.ops.int8 import linear_int8_reference, pack_int8
+    monkeypatch.setattr(dense_mod, "takes_kernel", lambda rows, *shape, always=False: always)  # "fbgemm is faster"
+    layer = Dense(64, 48, std=0.1)
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 1, 6)[:, None]
+    with torch.no_grad():
+        with int8_weights(layer):
+            together = layer(x)
+            alone = torch.cat([layer(row[None]) for row in x])
+        fbgemm = layer.cast(INT8)
+        fbgemm_together, fbgemm_alone = dense(x, fbgemm), torch.cat([dense(row[None], fbgemm) for row in x])
+    want = linear_int8_reference(x, pack_int8(layer.weight.detach()), layer.bias.detach())
+    assert torch.equal(together, alone)
+    assert torch.allclose(together, want, rtol=2 ** -22, atol=2 ** -22 * want.abs().max().item())
+    assert not torch.allclose(fbgemm_together, fbgemm_alone, rtol=1e-3, atol=0)

@@ -36,14 +36,15 @@ class Dense(nn.Module):
         out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
         return out.view(*x.shape[:-1], out.shape[-1])
 
-    def cast(self, dtype, batch=0):
+    def cast(self, dtype, batch=0, per_row=False):
         """(weight, bias) for products in `dtype` at `batch` rows: detached copies converted once
         (decoding states carry them), the weight prepacked by `pack` where it can be; the
         parameters themselves when they already are of dtype and the weight is not packed.
-        dtype INT8: where `takes_kernel` at these rows (0: a forward pass's), the C++ kernel's (Wq, extra)
-        (`int8.step_form`), else (fbgemm's packed int8 weight and bias, None), see `int8.quantize`."""
+        dtype INT8: where `takes_kernel` at these rows (0: a forward pass's; per_row: wherever the kernel
+        builds), the C++ kernel's (Wq, extra) (`int8.step_form`, activations quantized per row), else
+        (fbgemm's packed int8 weight and bias, None; one activation scale per call), see `int8.quantize`."""
         if dtype == INT8:
-            if takes_kernel(batch, *self.weight.shape):
+            if takes_kernel(batch, *self.weight.shape, always=per_row):
                 return step_form(self.weight.detach(), self.bias.detach())
             return quantize(self.weight.detach(), self.bias.detach()), None
         w = pack(self.weight.detach().to(dtype), batch)
@@ -80,13 +81,14 @@ def dense(x, weights):
 @contextlib.contextmanager
 def int8_weights(module):
     """Inside: every Dense of `module` runs its forward through int8 weights (`Dense.cast`, made once
-    here) as `dense` runs them, activations quantized per row (the kernel's product) or per call
-    (fbgemm's); outside, float32 as before. Nested
+    here) as `dense` runs them, activations quantized per row by the kernel's product wherever it builds
+    (so a forward's bits/dim depends on nothing but the weights and the images), else per call by
+    fbgemm's; outside, float32 as before. Nested
     inside another, it leaves the layers the outer one quantized as they are."""
     layers = [m for m in module.modules() if isinstance(m, Dense) and m.int8 is None]
     try:
         for m in layers:
-            m.int8 = m.cast(INT8)
+            m.int8 = m.cast(INT8, per_row=True)
         yield module
     finally:
         for m in layers:

@@ -16,6 +16,9 @@ computes the same in plain PyTorch. Each row's result depends on that row alone,
 forward (rows = images x positions) and decoding's step (rows = images) compute the same numbers.
 Decoding and `dense.int8_weights` take it (`Dense.cast`) in `step_form`, which the one-call C++ step
 reads too, where `takes_kernel` says so: where a probe measures it faster than fbgemm's at the rows asked.
+Whole forward passes in int8 (`dense.int8_weights`: evaluation's precision=int8, the conversion's int8 check)
+take the kernel's product wherever it builds, unmeasured: fbgemm's one scale per call would make their
+bits/dim depend on the batch and on which product a probe picked at this thread count.
 """
 import contextlib
 import functools
@@ -139,13 +142,16 @@ def step_form(w, b):
     return Wq, torch.stack([b.detach().float(), scales, colsums.view(torch.float32)])
 
 
-def takes_kernel(batch, d_in, d_out):
+def takes_kernel(batch, d_in, d_out, always=False):
     """Whether int8 products (d_in, d_out) at `batch` rows (0: a forward pass's many, timed at FORWARD_ROWS)
     run on the C++ kernel's int8 product rather than fbgemm's: where the kernel builds and a probe measures
     it faster by the margin (`imagegen.tuning.probe`); with probes off, where it has AVX512-VNNI (its
-    portable loop is slow)."""
+    portable loop is slow). always=True: wherever the kernel builds, unmeasured (per-row results, which
+    depend neither on how many rows a call holds nor on the thread count)."""
     if kernel_error("cpu") is not None:
         return False
+    if always:
+        return True
     batch = batch or FORWARD_ROWS
     if not probe.enabled():
         return bool(load_kernel("cpu").decode_int8_vnni())

@@ -3,9 +3,10 @@
 models the same step over static buffers under torch.compile(mode="reduce-overhead"), which
 replays it as one CUDA graph instead of launching every layer's small kernels from Python.
 
-NOT YET RUN ON A GPU (none has been available to this project): only its eager form is tested,
-on the CPU, against `PixelTransformer.step`. If torch declines to graph it, torch.compile logs
-why and runs it compiled without graphs; IMAGEGEN_CUDA_GRAPHS=0 turns it off altogether.
+Tested on the CPU in its eager form against `PixelTransformer.step`; compiled, on a GPU only where
+one is (tests/test_cuda_graph_step.py passed on an H200 once, docs/gpu.md; there the first call,
+which compiles, took over 30 s). If torch declines to graph it, torch.compile logs why and runs it
+compiled without graphs; IMAGEGEN_CUDA_GRAPHS=0 turns it off altogether.
 Shape letters: N batch, D model dim, P distribution parameters, E head dim.
 """
 import os

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "imagegen"
 # The layers, bottom first: a unit (a top-level module or package of imagegen) may import units of
 # lower layers only; units of one layer do not import each other (the package face, "", is the top).
 LAYERS = [
-    ["errors", "paths"],
+    ["errors", "paths", "say"],
     ["lock", "files", "dtypes", "config", "plots"],
     ["tuning"],                 # machine facts and choosing by measurement
     ["memory", "world"],

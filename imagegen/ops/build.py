@@ -30,6 +30,7 @@ from ..lock import exclusive, fcntl   # fcntl is None on Windows: builds are not
 from ..paths import data_dir
 # the CPU's name is in the build key: a shared build folder never serves one CPU's code to another
 from ..tuning.machine import cpu_identity
+from ..say import say
 
 CSRC = data_dir("csrc")
 # CPU: one file per job (the numerator, the fused attention, the whole-model decoding step, its int8
@@ -165,9 +166,6 @@ def locked_build(build_dir, build, load, what, duration="about a minute"):
         say(f"compiling {what} done in {time.perf_counter() - start:.0f} s")
         return module
 
-
-def say(line):
-    print(f"imagegen: {line}", file=sys.stderr, flush=True)
 
 
 def load_kernel(device_type):

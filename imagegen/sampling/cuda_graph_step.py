@@ -14,6 +14,7 @@ import os
 import torch
 
 from ..model.transformer import START
+from ..say import say
 
 
 def make_step(model, batch, device, dtype, labels=None):
@@ -63,6 +64,8 @@ class GraphedStep:
             for buffer in [self.t, *(state.attn.S for state in self.layers), *extra]:
                 torch._dynamo.mark_static_address(buffer)
             self.fn = torch.compile(self.eager, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            say(f"the sampling step for {batch} images compiles into one CUDA graph on its first call "
+                "(once per process and batch; it took over 30 s on an H200); IMAGEGEN_CUDA_GRAPHS=0 skips it")
 
     def reset(self, labels=None):
         """Back to position 0 with empty states and these labels' class vectors, in place."""

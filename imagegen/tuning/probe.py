@@ -21,7 +21,6 @@ their rules (CPU flags for bfloat16, the head-dimension rule for the kernel).
 import hashlib
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from functools import lru_cache
 import torch
 
 from .machine import cpu_identity, cpu_name
+from ..say import say
 
 MARGIN = 1.15          # the candidate must be this many times faster than the baseline to be chosen
 ENV_VARS = ("IMAGEGEN_PROBE", "IMAGEGEN_PRECISION_PROBE")
@@ -77,9 +77,6 @@ def machine_key():
 def _machine_key(cpu, torch_version, threads):
     return hashlib.sha256(repr((cpu, torch_version, threads)).encode()).hexdigest()[:16]
 
-
-def say(line):
-    print(f"imagegen: {line}", file=sys.stderr, flush=True)
 
 
 def read_cache(path):

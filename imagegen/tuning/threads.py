@@ -24,12 +24,12 @@ rule), and the trainer does not watch, so that results do not depend on the mach
 """
 import os
 import statistics
-import sys
 import time
 
 import torch
 
 from . import probe
+from ..say import say
 
 INTERVAL = 0.2       # seconds of /proc/stat counted
 FREE_SHARE = 0.75    # a core counts as free when this much of one stood idle (summed over the cores)
@@ -40,9 +40,6 @@ LOOK_SECONDS = 180   # never look again sooner than this after the last look
 DEFAULT = torch.get_num_threads()     # torch's own choice (cores in our affinity, or OMP_NUM_THREADS)
 _said = set()                         # (requested, free) lines already said in this process
 
-
-def say(line):
-    print(f"imagegen: {line}", file=sys.stderr, flush=True)
 
 
 def allowed_cpus():

@@ -167,7 +167,6 @@ def locked_build(build_dir, build, load, what, duration="about a minute"):
         return module
 
 
-
 def load_kernel(device_type):
     """The built extension module for 'cpu' or 'cuda', built at most once per process;
     raises KernelUnavailable with the cause when it cannot be had."""

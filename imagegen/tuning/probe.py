@@ -78,7 +78,6 @@ def _machine_key(cpu, torch_version, threads):
     return hashlib.sha256(repr((cpu, torch_version, threads)).encode()).hexdigest()[:16]
 
 
-
 def read_cache(path):
     """The cache's entries (a dict), or {} when absent, unreadable or damaged (said once, on stderr)."""
     try:

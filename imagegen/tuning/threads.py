@@ -41,7 +41,6 @@ DEFAULT = torch.get_num_threads()     # torch's own choice (cores in our affinit
 _said = set()                         # (requested, free) lines already said in this process
 
 
-
 def allowed_cpus():
     """The core numbers this process may run on."""
     try:

@@ -219,3 +219,13 @@ def test_prebuilt_only_never_compiles(tmp_path, monkeypatch):
     with pytest.raises(kernel.KernelUnavailable, match="not built yet.*python -m imagegen.ops.build"):
         kernel.load_kernel("cpu")
     assert not any(tmp_path.rglob("*.so"))
+
+
+def test_prebuilt_error_neither_compiles_nor_remembers(tmp_path, monkeypatch):
+    """impl=auto's question on CUDA: is the kernel built already? Unbuilt, the answer says so at once and
+    is not kept, so that impl=kernel in the same process still builds it."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(kernel_mod, "_modules", {})
+    assert "not built yet" in kernel_mod.prebuilt_error("cpu")
+    assert kernel_mod._modules == {} and kernel_mod._compile == [True]
+    assert not any(tmp_path.rglob("*.so"))

@@ -23,6 +23,7 @@ from imagegen import ops
 from imagegen.ops import dispatch
 from imagegen.attention.linear import LinearAttention
 from imagegen.ops import build as kernel_mod, triton_linear
+from imagegen.tuning import probe
 from imagegen.ops.causal_linear import linear_attention_reference
 from fixtures import make_raw_qkv, out_and_grads
 
@@ -189,6 +190,53 @@ def test_auto_takes_triton_where_it_works(fresh_probe, device):
         torch.testing.assert_close(ops.linear_attention(q, k, v), ops.linear_attention(q, k, v, impl="chunked"))
     assert ops.choose_impl(q, v) == "chunked"                     # the bare numerator: no Triton kernel
     assert ops.choose_impl(q.double(), v.double(), fused=True) == "chunked"   # unsupported dtype
+
+
+@pytest.fixture
+def gpu_probes_on(fresh_probe, monkeypatch, tmp_path):
+    """Probes on, with a verdict cache of this test's own (the kernel's build stays where it is), and
+    the Triton check taken as passed."""
+    from torch.utils.cpp_extension import get_default_build_root
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("IMAGEGEN_PROBE", raising=False)
+    monkeypatch.setattr(probe, "_verdicts", {})
+    monkeypatch.setattr(dispatch, "triton_error", lambda *args, **kw: None)
+
+
+def test_auto_takes_triton_without_timing_or_building_an_unbuilt_kernel(gpu_probes_on, device, monkeypatch):
+    monkeypatch.setattr(dispatch, "prebuilt_error", lambda device_type: "not built yet")
+    monkeypatch.setattr(dispatch, "time_gpu_impls", lambda *args: pytest.fail("timed an unbuilt kernel"))
+    q, k, v = (t.to(device, torch.float32) for t in make_raw_qkv(1, 2, 9, 4, 4))
+    assert ops.choose_impl(q, v, fused=True) == "triton"
+
+
+@pytest.mark.parametrize("kernel_ms, impl", [(5.0, "kernel"), (9.0, "triton")])
+def test_auto_times_a_built_kernel_against_triton_once(gpu_probes_on, device, monkeypatch, kernel_ms, impl):
+    """Where the csrc kernel is built, auto times it against Triton once per GPU model, shape and dtype
+    (cached) and takes it only when it is probe.MARGIN times faster."""
+    if ops.kernel_error(device) is not None:
+        pytest.skip(f"the {device} kernel cannot be built here")
+    calls = []
+    monkeypatch.setattr(dispatch, "time_gpu_impls", lambda *args: calls.append(args) or (10.0, kernel_ms))
+    q, k, v = (t.to(device, torch.float32).requires_grad_() for t in make_raw_qkv(1, 2, 100, 4, 4))
+    assert ops.choose_impl(q, v, fused=True) == impl
+    assert ops.choose_impl(q, v, fused=True) == impl and len(calls) == 1
+    assert calls[0] == (q.device, 128, 4, 4, torch.float32, True)          # L 100 -> timed at 128
+    monkeypatch.setattr(probe, "_verdicts", {})
+    monkeypatch.setattr(dispatch, "time_gpu_impls", lambda *args: (10.0, 100.0 / kernel_ms))  # the opposite, if timed
+    assert ops.choose_impl(q, v, fused=True) == impl                          # read from the cache file
+    assert ops.choose_impl(q, v) == "chunked"                                 # the bare numerator: not timed
+
+
+def test_gpu_impl_probe_times_both_forms(gpu_probes_on, device):
+    if ops.kernel_error(device) is not None:
+        pytest.skip(f"the {device} kernel cannot be built here")
+    state = torch.random.get_rng_state()
+    for grad in (True, False):
+        triton_ms, kernel_ms = dispatch.time_gpu_impls(torch.device(device), 64, 8, 8, torch.float32, grad)
+        assert triton_ms > 0 and kernel_ms > 0
+    assert torch.equal(state, torch.random.get_rng_state())
 
 
 def test_compile_failure_falls_back_to_chunked_with_one_warning(fresh_probe, device, monkeypatch):

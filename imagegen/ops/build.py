@@ -1,5 +1,5 @@
 """The compiled kernels of csrc/: built on first use, loaded, or why not (`python -m imagegen.ops.build`
-builds the CPU kernel now).
+builds the CPU kernel now, `python -m imagegen.ops.build cuda` the CUDA one).
 
 The C++ sources (CPU: float32, float64, and bfloat16 summed in float32; one file per job, listed in
 csrc/cpu_kernel.h) are built with
@@ -218,6 +218,21 @@ def warn_fallback(what, device_type, why):
             warnings.formatwarning = shown
 
 
+def prebuilt_error(device_type):
+    """None when the kernel for device_type is loaded or already built (loading it now), else why not;
+    never compiles, and a "not built yet" is not remembered, so a later `kernel_error` may still build."""
+    if device_type in _modules:
+        return kernel_error(device_type)
+    compile_now, _compile[0] = _compile[0], False
+    try:
+        _modules[device_type] = _build(device_type)
+        return None
+    except KernelUnavailable as exc:
+        return str(exc)
+    finally:
+        _compile[0] = compile_now
+
+
 def prebuilt_only():
     """From now on in this process take the kernel only if it is built already (commands that should
     answer in seconds, like imagegen-sample: its first compile takes a minute, longer than the sampling
@@ -231,6 +246,10 @@ def ensure_kernel(device_type):
     return kernel_error(device_type, warn=True)
 
 
-if __name__ == "__main__":                      # python -m imagegen.ops.build: build the CPU kernel now
-    why = ensure_kernel("cpu")
-    raise SystemExit(f"error: the C++ kernel cannot be built: {why}" if why else "the C++ kernel is built")
+if __name__ == "__main__":            # python -m imagegen.ops.build [cpu|cuda]: build that kernel now (default cpu)
+    device_type = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    if device_type not in SOURCES or len(sys.argv) > 2:
+        raise SystemExit(f"usage: python -m imagegen.ops.build [{'|'.join(SOURCES)}] (got {' '.join(sys.argv[1:])})")
+    why = ensure_kernel(device_type)
+    raise SystemExit(f"error: the {device_type} kernel cannot be built: {why}" if why
+                     else f"the {device_type} kernel is built")

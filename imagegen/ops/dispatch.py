@@ -3,13 +3,15 @@ impl (maybe "auto") into one of IMPLS (see imagegen/ops/__init__.py), `choose_im
 (on the CPU measured once per machine by `imagegen.tuning.probe`, else by rule), and the decoding
 predicates say which step a sampler can run.
 """
+import time
+
 import torch
 
 from ..tuning import probe
-from .build import kernel_error, load_kernel
+from .build import kernel_error, load_kernel, prebuilt_error
 from .causal_linear import EPS, causal_product_chunked, check_qkv, normalise, phi, with_ones
 from .kernel import causal_product_kernel, kernel_unsupported, linear_attention_kernel
-from .triton_linear import triton_error, triton_unsupported
+from .triton_linear import linear_attention_triton, triton_error, triton_unsupported
 
 IMPLS = ("reference", "cumsum", "chunked", "kernel", "triton", "auto")
 TRITON_DEVICES = ("cuda",)  # device types where "auto" runs `linear_attention` through Triton
@@ -32,8 +34,10 @@ def choose_impl(q, v, fused=False):
     CUDA, fused: Triton when it imports, takes the dtype (float32/16, bfloat16) and head dims
     (E, M <= 128), and its kernels compile and agree with chunked on this device (checked once
     per process; a failure warns once, naming the cause); else chunked. Not fused: chunked.
-    The csrc CUDA kernel is never chosen: it is tested only where a GPU is (docs/gpu.md), while
-    the Triton kernels' arithmetic is tested under the interpreter on every change.
+    Where Triton runs and the csrc CUDA kernel is built already (`python -m imagegen.ops.build cuda`;
+    auto never waits for its first build, minutes long), the two are timed once per GPU model
+    (`cuda_verdict`, cached like the CPU's) and the kernel runs when it is probe.MARGIN times faster
+    (on an H200 it was 1.5-2.5x faster: docs/gpu.md).
     CPU: the kernel (float32/64, bfloat16) when it built and either no gradient is needed or
     max(E, M) <= 193; else chunked (a rule read from one AVX-512 Xeon's timings, which
     docs/notes/code-measurements.md keeps). Another CPU can differ (on an AVX2-only one the fused
@@ -41,13 +45,14 @@ def choose_impl(q, v, fused=False):
     measurement (`cpu_verdict`, made once per machine and cached; `imagegen.tuning.probe`): the kernel only
     when it is probe.MARGIN times faster than chunked. With probes off (IMAGEGEN_PROBE=0) the rule above.
     """
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
     if q.device.type in TRITON_DEVICES:
-        if not fused or triton_unsupported(q, v) is not None:
+        if not fused or triton_unsupported(q, v) is not None or triton_error(q.device.type, warn=True) is not None:
             return "chunked"
-        return "chunked" if triton_error(q.device.type, warn=True) is not None else "triton"
+        verdict = cuda_verdict(q, v, needs_grad)
+        return "kernel" if verdict is not None and verdict.chosen else "triton"
     if q.device.type != "cpu" or kernel_unsupported(q, v) is not None:
         return "chunked"
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
     if kernel_error(q.device.type, warn=True) is not None:
         return "chunked"
     verdict = cpu_verdict(q.shape[-2], q.shape[-1], v.shape[-1], q.dtype, fused, needs_grad)
@@ -100,6 +105,42 @@ def time_impls(L, E, M, dtype, fused, needs_grad):
             if needs_grad:
                 torch.autograd.grad(out, leaves, grad)
     return probe.best_ms(lambda: run("chunked"), lambda: run("kernel"), rounds=5, budget_s=1.0)
+
+
+def cuda_verdict(q, v, needs_grad):
+    """The probe's Verdict (candidate: the csrc CUDA kernel, baseline: Triton) for `linear_attention`
+    on q (N, H, L, E), v (N, H, L, M)'s GPU model, dtype and head dims, forward+backward (needs_grad) or
+    forward; None when probes are off or the kernel is not built yet (or cannot take these inputs)."""
+    device = q.device
+    if kernel_unsupported(q, v) is not None or prebuilt_error(device.type) is not None:
+        return None
+    L, E, M = probe_length(q.shape[-2]), q.shape[-1], v.shape[-1]
+    build = load_kernel(device.type).__name__.rsplit("_", 1)[-1]
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    name = (f"impl-attention-{'fwd_bwd' if needs_grad else 'fwd'}:{str(q.dtype).replace('torch.', '')}:L{L}:E{E}:"
+            f"M{M}:{gpu}:kernel-{build}")
+    return probe.decide(name, lambda: time_gpu_impls(device, L, E, M, q.dtype, needs_grad))
+
+
+def time_gpu_impls(device, L, E, M, dtype, needs_grad):
+    """(Triton ms, kernel ms) for `linear_attention` on (1, 8, L, E/M) inputs on device: the best of a
+    few interleaved calls, each waited for (synchronised), on the wall clock; a generator of its own."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k = (torch.randn(1, 8, L, E, generator=g, device=device).to(dtype) for _ in range(2))
+    v = torch.randn(1, 8, L, M, generator=g, device=device).to(dtype)
+    leaves = [x.requires_grad_(needs_grad) for x in (q, k, v)]
+    grad = torch.randn(1, 8, L, M, generator=g, device=device).to(dtype)
+    forms = {"triton": lambda q, k, v: linear_attention_triton(q, k, v, eps=EPS),
+             "kernel": lambda q, k, v: normalise(causal_product_kernel(phi(q), phi(k), with_ones(v)), EPS)}
+
+    def run(impl):
+        with torch.set_grad_enabled(needs_grad):
+            out = forms[impl](*leaves)
+            if needs_grad:
+                torch.autograd.grad(out, leaves, grad)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return probe.best_ms(lambda: run("triton"), lambda: run("kernel"), rounds=5, budget_s=1.0, timer=time.perf_counter)
 
 
 def auto_impl_line(model_cfg, L, device, bf16=False):

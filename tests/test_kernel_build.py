@@ -216,7 +216,7 @@ def test_prebuilt_only_never_compiles(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(kernel, "_modules", {})
     monkeypatch.setattr(kernel, "_compile", [False])
-    with pytest.raises(kernel.KernelUnavailable, match="not built yet.*python -m imagegen.ops.build"):
+    with pytest.raises(kernel.KernelUnavailable, match="not built yet.*python -m imagegen.ops`"):
         kernel.load_kernel("cpu")
     assert not any(tmp_path.rglob("*.so"))
 
@@ -229,3 +229,13 @@ def test_prebuilt_error_neither_compiles_nor_remembers(tmp_path, monkeypatch):
     assert "not built yet" in kernel_mod.prebuilt_error("cpu")
     assert kernel_mod._modules == {} and kernel_mod._compile == [True]
     assert not any(tmp_path.rglob("*.so"))
+
+
+def test_build_command_builds_or_says_why_and_checks_its_argument():
+    """`python -m imagegen.ops [cpu|cuda]`: one line, no runpy warning (which `python -m imagegen.ops.build`,
+    a module the package itself imports, would print)."""
+    proc = subprocess.run([sys.executable, "-m", "imagegen.ops"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "the cpu kernel is built" in proc.stderr + proc.stdout, proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr
+    bad = subprocess.run([sys.executable, "-m", "imagegen.ops", "gpu"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "usage: python -m imagegen.ops [cpu|cuda] (got gpu)" in bad.stderr

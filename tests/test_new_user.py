@@ -89,7 +89,7 @@ def test_sample_without_a_built_kernel_says_so_in_one_clean_line(tmp_path):
     notice = [ln for ln in lines if "falling back" in ln]
     assert len(notice) == 1, proc.stderr
     assert notice[0].startswith("imagegen: causal product kernel unavailable on cpu (not built yet"), notice[0]
-    assert "python -m imagegen.ops.build" in notice[0] and notice[0].endswith("chunked PyTorch form.")
+    assert "python -m imagegen.ops`" in notice[0] and notice[0].endswith("chunked PyTorch form.")
     assert not any("Warning" in ln or "warnings.warn" in ln or "BlockState" in ln or ".py:" in ln for ln in lines), \
         proc.stderr
 

@@ -1,5 +1,5 @@
-"""The compiled kernels of csrc/: built on first use, loaded, or why not (`python -m imagegen.ops.build`
-builds the CPU kernel now, `python -m imagegen.ops.build cuda` the CUDA one).
+"""The compiled kernels of csrc/: built on first use, loaded, or why not (`python -m imagegen.ops`
+builds the CPU kernel now, `python -m imagegen.ops cuda` the CUDA one).
 
 The C++ sources (CPU: float32, float64, and bfloat16 summed in float32; one file per job, listed in
 csrc/cpu_kernel.h) are built with
@@ -91,7 +91,7 @@ def _build(device_type):
 
     if not _compile[0] and not (build_dir / "done").is_file():
         raise KernelUnavailable("not built yet, and this command does not wait a minute for its first compile; "
-                                "`python -m imagegen.ops.build` or any imagegen-train builds it once for every "
+                                "`python -m imagegen.ops` or any imagegen-train builds it once for every "
                                 "later run")
 
     def build():
@@ -246,10 +246,12 @@ def ensure_kernel(device_type):
     return kernel_error(device_type, warn=True)
 
 
-if __name__ == "__main__":            # python -m imagegen.ops.build [cpu|cuda]: build that kernel now (default cpu)
-    device_type = sys.argv[1] if len(sys.argv) > 1 else "cpu"
-    if device_type not in SOURCES or len(sys.argv) > 2:
-        raise SystemExit(f"usage: python -m imagegen.ops.build [{'|'.join(SOURCES)}] (got {' '.join(sys.argv[1:])})")
+def main(argv):
+    """`python -m imagegen.ops [cpu|cuda]`: build that kernel now (default cpu), or say why it cannot be."""
+    if len(argv) > 1 or (argv and argv[0] not in SOURCES):
+        raise SystemExit(f"usage: python -m imagegen.ops [{'|'.join(SOURCES)}] (got {' '.join(argv)})")
+    device_type = argv[0] if argv else "cpu"
     why = ensure_kernel(device_type)
-    raise SystemExit(f"error: the {device_type} kernel cannot be built: {why}" if why
-                     else f"the {device_type} kernel is built")
+    if why:
+        raise SystemExit(f"error: the {device_type} kernel cannot be built: {why}")
+    print(f"the {device_type} kernel is built")

@@ -34,7 +34,7 @@ def choose_impl(q, v, fused=False):
     CUDA, fused: Triton when it imports, takes the dtype (float32/16, bfloat16) and head dims
     (E, M <= 128), and its kernels compile and agree with chunked on this device (checked once
     per process; a failure warns once, naming the cause); else chunked. Not fused: chunked.
-    Where Triton runs and the csrc CUDA kernel is built already (`python -m imagegen.ops.build cuda`;
+    Where Triton runs and the csrc CUDA kernel is built already (`python -m imagegen.ops cuda`;
     auto never waits for its first build, minutes long), the two are timed once per GPU model
     (`cuda_verdict`, cached like the CPU's) and the kernel runs when it is probe.MARGIN times faster
     (on an H200 it was 1.5-2.5x faster: docs/gpu.md).

@@ -12,7 +12,7 @@ import imagegen
 from imagegen import precision
 from imagegen.errors import UserError
 from imagegen.dtypes import INT8, dtype_name, precision_dtype
-from imagegen.ops.dense import Dense, dense, int8_weights
+from imagegen.ops.dense import Dense, dense, int8_product, int8_weights
 from imagegen.ops.int8 import can_int8, int8_reduce_range
 from imagegen.sampling.decode import generate
 from commands import TINY, eval_at, one_line_error, run
@@ -279,6 +279,11 @@ def test_int8_forward_quantizes_each_row_whatever_a_probe_picked(int8_kernel, mo
         with int8_weights(layer):
             together = layer(x)
             alone = torch.cat([layer(row[None]) for row in x])
+            assert int8_product(layer) == "per row"            # what the conversion's record names
+        assert int8_product(layer) is None
+        monkeypatch.setattr(dense_mod, "takes_kernel", lambda *args, **kw: False)     # no kernel: fbgemm's
+        with int8_weights(layer):
+            assert int8_product(layer) == "per call"
         fbgemm = layer.cast(INT8)
         fbgemm_together, fbgemm_alone = dense(x, fbgemm), torch.cat([dense(row[None], fbgemm) for row in x])
     want = linear_int8_reference(x, pack_int8(layer.weight.detach()), layer.bias.detach())

@@ -16,8 +16,7 @@ from .cli import hydra_entry
 from ..data.sets import load_from_config
 from ..errors import UserError
 from ..bits_per_dim import bits_per_dim
-from ..ops.build import kernel_error
-from ..ops.dense import int8_weights
+from ..ops.dense import int8_product, int8_weights
 from ..ops.int8 import can_int8
 
 
@@ -62,8 +61,8 @@ def convert(cfg, device):
         if device.type == "cpu" and can_int8() is None:   # what sampling's precision=auto weighs (precision.int8_cost)
             with int8_weights(again):
                 int8 = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"], labels=labels)
-            record["int8_check"] = {"images": len(x), "float32": bpd, "int8": int8,
-                                    "product": "per row" if kernel_error("cpu") is None else "per call"}
+                product = int8_product(again)             # read from the weights the check ran
+            record["int8_check"] = {"images": len(x), "float32": bpd, "int8": int8, "product": product}
             print(f"with int8 products: {int8:.4f} ({int8 - bpd:+.4f}, recorded)")
     if not cfg.get("keep_root", True):
         config["data"]["root"] = None           # a model to ship: the loading machine's data/<name>

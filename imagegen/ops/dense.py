@@ -78,6 +78,14 @@ def dense(x, weights):
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
+def int8_product(module):
+    """How the int8 weights that `int8_weights` put on module's Dense layers quantize activations:
+    "per row" (the kernel's product), "per call" (fbgemm's), "mixed", or None outside `int8_weights`."""
+    kinds = {"per call" if is_int8(m.int8[0]) else "per row"
+             for m in module.modules() if isinstance(m, Dense) and m.int8 is not None}
+    return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
+
+
 @contextlib.contextmanager
 def int8_weights(module):
     """Inside: every Dense of `module` runs its forward through int8 weights (`Dense.cast`, made once

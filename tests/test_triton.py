@@ -229,6 +229,19 @@ def test_auto_times_a_built_kernel_against_triton_once(gpu_probes_on, device, mo
     assert ops.choose_impl(q, v) == "chunked"                                 # the bare numerator: not timed
 
 
+def test_training_header_says_what_auto_runs_on_a_gpu_and_why(gpu_probes_on, device, monkeypatch):
+    reason = lambda: dispatch.gpu_impl_reason(100, 8, 8, torch.float32, torch.device(device))  # noqa: E731
+    monkeypatch.setattr(dispatch, "prebuilt_error", lambda device_type: "not built yet, ...")
+    assert reason() == "linear attention impl=auto: triton (the CUDA kernel is not timed: not built yet, ...)"
+    if ops.kernel_error(device) is None:
+        monkeypatch.setattr(dispatch, "prebuilt_error", lambda device_type: None)
+        monkeypatch.setattr(dispatch, "time_gpu_impls", lambda *args: (10.0, 5.0))
+        assert reason().startswith("linear attention impl=auto: kernel (the CUDA kernel fwd+bwd measured 2.00x "
+                                   "Triton's speed here, measured now, cached in ")
+    monkeypatch.setattr(dispatch, "triton_error", lambda *args, **kw: "forced failure")
+    assert reason() == "linear attention impl=auto: chunked (Triton unavailable: forced failure)"
+
+
 def test_gpu_impl_probe_times_both_forms(gpu_probes_on, device):
     if ops.kernel_error(device) is not None:
         pytest.skip(f"the {device} kernel cannot be built here")

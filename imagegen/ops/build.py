@@ -90,9 +90,9 @@ def _build(device_type):
     build_dir = Path(root) / name
 
     if not _compile[0] and not (build_dir / "done").is_file():
-        raise KernelUnavailable("not built yet, and this command does not wait a minute for its first compile; "
-                                "`python -m imagegen.ops` or any imagegen-train builds it once for every "
-                                "later run")
+        raise KernelUnavailable("not built yet, and this command does not wait for its first compile; " + (
+            "`python -m imagegen.ops cuda` builds it once for every later run" if device_type == "cuda" else
+            "`python -m imagegen.ops` or any imagegen-train builds it once for every later run"))
 
     def build():
         return cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=cflags,

@@ -145,12 +145,27 @@ def time_gpu_impls(device, L, E, M, dtype, needs_grad):
 
 def auto_impl_line(model_cfg, L, device, bf16=False):
     """The training header's line on what impl=auto runs for a linear model (config dict model_cfg,
-    sequences of L positions, bfloat16 autocast or not) on the CPU; None for other models and devices."""
+    sequences of L positions, bfloat16 autocast or not) on the CPU or CUDA; None for other models and devices."""
     impl = (model_cfg.get("attention_options") or {}).get("impl", "auto")
-    if model_cfg.get("attention") != "linear" or impl != "auto" or device.type != "cpu":
+    if model_cfg.get("attention") != "linear" or impl != "auto" or device.type not in ("cpu", *TRITON_DEVICES):
         return None
     E = model_cfg["d_model"] // model_cfg["n_heads"]
-    return auto_impl_reason(L, E, E, torch.bfloat16 if bf16 else torch.float32)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    return auto_impl_reason(L, E, E, dtype) if device.type == "cpu" else gpu_impl_reason(L, E, E, dtype, device)
+
+
+def gpu_impl_reason(L, E, M, dtype, device):
+    """What impl=auto runs for training the model's linear attention on a GPU and why, in a few words."""
+    q, v = torch.empty(1, 1, L, E, dtype=dtype, device=device), torch.empty(1, 1, L, M, dtype=dtype, device=device)
+    why = triton_unsupported(q, v) or triton_error(device.type, warn=True)
+    if why is not None:
+        return f"linear attention impl=auto: chunked (Triton unavailable: {why})"
+    verdict = cuda_verdict(q, v, needs_grad=True)
+    if verdict is None:
+        why = kernel_unsupported(q, v) or prebuilt_error(device.type) or "probes off"
+        return f"linear attention impl=auto: triton (the CUDA kernel is not timed: {why})"
+    return (f"linear attention impl=auto: {'kernel' if verdict.chosen else 'triton'} (the CUDA kernel fwd+bwd "
+            f"measured {verdict.ratio:.2f}x Triton's speed here, {verdict.where()})")
 
 
 def auto_impl_reason(L, E, M, dtype=torch.float32, needs_grad=True):

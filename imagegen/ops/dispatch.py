@@ -1,6 +1,7 @@
 """Which implementation of causal linear attention runs: `resolve_impl` checks the arguments and turns
 impl (maybe "auto") into one of IMPLS (see imagegen/ops/__init__.py), `choose_impl` is auto's choice
-(on the CPU measured once per machine by `imagegen.tuning.probe`, else by rule), and the decoding
+(measured once per machine by `imagegen.tuning.probe`: on the CPU the fused kernel against
+chunked, on CUDA the csrc kernel against Triton where it is built; else by rule), and the decoding
 predicates say which step a sampler can run.
 """
 import time
@@ -134,7 +135,7 @@ def time_gpu_impls(device, L, E, M, dtype, needs_grad):
              "kernel": lambda q, k, v: normalise(causal_product_kernel(phi(q), phi(k), with_ones(v)), EPS)}
 
     def run(impl):
-        with torch.set_grad_enabled(needs_grad):
+        with torch.autocast(device.type, enabled=False), torch.set_grad_enabled(needs_grad):
             out = forms[impl](*leaves)
             if needs_grad:
                 torch.autograd.grad(out, leaves, grad)

@@ -255,3 +255,7 @@ def main(argv):
     if why:
         raise SystemExit(f"error: the {device_type} kernel cannot be built: {why}")
     print(f"the {device_type} kernel is built")
+
+
+if __name__ == "__main__":      # the old spelling, python -m imagegen.ops.build (runpy warns: the package imports it)
+    main(sys.argv[1:])

@@ -81,31 +81,47 @@ def cpu_verdict(L, E, M, dtype, fused, needs_grad):
     return probe.decide(name, lambda: time_impls(Lp, E, M, dtype, fused, needs_grad))
 
 
-def time_impls(L, E, M, dtype, fused, needs_grad):
-    """(chunked ms, kernel ms): best of a few interleaved calls on (1, 2 x threads, L, E/M) inputs
-    (the kernel runs one (n, h) pair per thread at a time), with a generator of its own (the
-    global random state is left alone, so that a run's draws do not depend on whether it probed)."""
-    g = torch.Generator().manual_seed(0)
-    P = 2 * torch.get_num_threads()
-    q, k = (torch.randn(1, P, L, E, generator=g).to(dtype) for _ in range(2))
-    v = torch.randn(1, P, L, M, generator=g).to(dtype)
-    if not fused:
+def time_forms(baseline, candidate, device, P, L, E, M, dtype, needs_grad, mapped=False):
+    """(baseline ms, candidate ms) for two forms f(q, k, v) of the same attention on (1, P, L, E/M) inputs on
+    device (q, k feature-mapped first when mapped), forward+backward (needs_grad) or forward, without
+    autocast: the best of a few interleaved calls (`probe.best_ms`; on a GPU each call waited for and read on
+    the wall clock), with a generator of its own (the global random state is left alone, so that a run's
+    draws do not depend on whether it probed)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k = (torch.randn(1, P, L, E, generator=g, device=device).to(dtype) for _ in range(2))
+    v = torch.randn(1, P, L, M, generator=g, device=device).to(dtype)
+    if mapped:
         q, k = phi(q), phi(k)
     leaves = [x.requires_grad_(needs_grad) for x in (q, k, v)]
-    grad = torch.randn(1, P, L, M, generator=g).to(dtype)
-    chunk = default_chunk_size(q)
-    if fused:          # the forms `linear_attention` runs for impl kernel and chunked
-        forms = {"kernel": lambda q, k, v: linear_attention_kernel(q, k, v, eps=EPS),
-                 "chunked": lambda q, k, v: normalise(causal_product_chunked(phi(q), phi(k), with_ones(v), chunk), EPS)}
-    else:
-        forms = {"kernel": causal_product_kernel, "chunked": lambda q, k, v: causal_product_chunked(q, k, v, chunk)}
+    grad = torch.randn(1, P, L, M, generator=g, device=device).to(dtype)
 
-    def run(impl):
-        with torch.autocast("cpu", enabled=False), torch.set_grad_enabled(needs_grad):
-            out = forms[impl](*leaves)
+    def run(form):
+        with torch.autocast(device.type, enabled=False), torch.set_grad_enabled(needs_grad):
+            out = form(*leaves)
             if needs_grad:
                 torch.autograd.grad(out, leaves, grad)
-    return probe.best_ms(lambda: run("chunked"), lambda: run("kernel"), rounds=5, budget_s=1.0)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    timer = time.perf_counter if device.type == "cuda" else probe.clock
+    return probe.best_ms(lambda: run(baseline), lambda: run(candidate), rounds=5, budget_s=1.0, timer=timer)
+
+
+def time_impls(L, E, M, dtype, fused, needs_grad):
+    """(chunked ms, kernel ms) on the CPU (`time_forms`) on (1, 2 x threads, L, E/M) inputs (the kernel
+    runs one (n, h) pair per thread at a time); fused: the forms `linear_attention` runs for impl chunked
+    and kernel, else the bare numerator's."""
+    def chunked(q, k, v):
+        return causal_product_chunked(q, k, v, default_chunk_size(q))
+
+    def chunked_attention(q, k, v):
+        return normalise(chunked(phi(q), phi(k), with_ones(v)), EPS)
+
+    def kernel_attention(q, k, v):
+        return linear_attention_kernel(q, k, v, eps=EPS)
+
+    forms = (chunked_attention, kernel_attention) if fused else (chunked, causal_product_kernel)
+    return time_forms(*forms, torch.device("cpu"), 2 * torch.get_num_threads(), L, E, M, dtype, needs_grad,
+                      mapped=not fused)
 
 
 def cuda_verdict(q, v, needs_grad):
@@ -124,24 +140,13 @@ def cuda_verdict(q, v, needs_grad):
 
 
 def time_gpu_impls(device, L, E, M, dtype, needs_grad):
-    """(Triton ms, kernel ms) for `linear_attention` on (1, 8, L, E/M) inputs on device: the best of a
-    few interleaved calls, each waited for (synchronised), on the wall clock; a generator of its own."""
-    g = torch.Generator(device=device).manual_seed(0)
-    q, k = (torch.randn(1, 8, L, E, generator=g, device=device).to(dtype) for _ in range(2))
-    v = torch.randn(1, 8, L, M, generator=g, device=device).to(dtype)
-    leaves = [x.requires_grad_(needs_grad) for x in (q, k, v)]
-    grad = torch.randn(1, 8, L, M, generator=g, device=device).to(dtype)
-    forms = {"triton": lambda q, k, v: linear_attention_triton(q, k, v, eps=EPS),
-             "kernel": lambda q, k, v: normalise(causal_product_kernel(phi(q), phi(k), with_ones(v)), EPS)}
+    """(Triton ms, kernel ms) for `linear_attention` on (1, 8, L, E/M) inputs on device (`time_forms`)."""
+    def triton_attention(q, k, v):
+        return linear_attention_triton(q, k, v, eps=EPS)
 
-    def run(impl):
-        with torch.autocast(device.type, enabled=False), torch.set_grad_enabled(needs_grad):
-            out = forms[impl](*leaves)
-            if needs_grad:
-                torch.autograd.grad(out, leaves, grad)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    return probe.best_ms(lambda: run("triton"), lambda: run("kernel"), rounds=5, budget_s=1.0, timer=time.perf_counter)
+    def kernel_attention(q, k, v):
+        return normalise(causal_product_kernel(phi(q), phi(k), with_ones(v)), EPS)
+    return time_forms(triton_attention, kernel_attention, device, 8, L, E, M, dtype, needs_grad)
 
 
 def auto_impl_line(model_cfg, L, device, bf16=False):

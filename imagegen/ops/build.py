@@ -50,8 +50,9 @@ class KernelUnavailable(RuntimeError):
     """The compiled causal product cannot be used on this device; the message says why."""
 
 
-def _build(device_type):
-    """Compile (or reuse the build of) and import the extension for 'cpu' or 'cuda'; raise KernelUnavailable."""
+def _build(device_type, may_compile=True):
+    """Compile (or reuse the build of) and import the extension for 'cpu' or 'cuda'; raise KernelUnavailable
+    (at once, naming how to build it, when there is no finished build and may_compile is false)."""
     from torch.utils import cpp_extension
 
     if os.environ.get("IMAGEGEN_DISABLE_KERNEL", "") not in ("", "0"):
@@ -89,7 +90,7 @@ def _build(device_type):
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     build_dir = Path(root) / name
 
-    if not _compile[0] and not (build_dir / "done").is_file():
+    if not may_compile and not (build_dir / "done").is_file():
         raise KernelUnavailable("not built yet, and this command does not wait for its first compile; " + (
             "`python -m imagegen.ops cuda` builds it once for every later run" if device_type == "cuda" else
             "`python -m imagegen.ops` or any imagegen-train builds it once for every later run"))
@@ -172,7 +173,7 @@ def load_kernel(device_type):
     raises KernelUnavailable with the cause when it cannot be had."""
     if device_type not in _modules:
         try:
-            _modules[device_type] = _build(device_type)
+            _modules[device_type] = _build(device_type, may_compile=_compile[0])
         except KernelUnavailable as exc:
             _modules[device_type] = str(exc)
     module = _modules[device_type]
@@ -223,14 +224,11 @@ def prebuilt_error(device_type):
     never compiles, and a "not built yet" is not remembered, so a later `kernel_error` may still build."""
     if device_type in _modules:
         return kernel_error(device_type)
-    compile_now, _compile[0] = _compile[0], False
     try:
-        _modules[device_type] = _build(device_type)
+        _modules[device_type] = _build(device_type, may_compile=False)
         return None
     except KernelUnavailable as exc:
         return str(exc)
-    finally:
-        _compile[0] = compile_now
 
 
 def prebuilt_only():

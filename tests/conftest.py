@@ -32,6 +32,19 @@ def kernel_compiles_again():
     build._compile[0] = True
 
 
+@pytest.fixture
+def probes_on(monkeypatch, tmp_path):
+    """Probes on (the suite runs with them off), with a verdict cache of this test's own; yields its path."""
+    from torch.utils.cpp_extension import get_default_build_root
+    # torch's extension root follows XDG_CACHE_HOME: keep the kernel's build where it is
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("IMAGEGEN_PROBE", raising=False)
+    monkeypatch.delenv("IMAGEGEN_PRECISION_PROBE", raising=False)
+    monkeypatch.setattr("imagegen.tuning.probe._verdicts", {})
+    yield tmp_path / "cache" / "imagegen" / "probes.json"
+
+
 @pytest.fixture(scope="session")
 def mnist_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("mnist")

@@ -16,15 +16,7 @@ from fixtures import skip_without_cpu_kernel
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def probes_on(monkeypatch, tmp_path):
-    from torch.utils.cpp_extension import get_default_build_root
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", get_default_build_root())   # torch's root follows XDG_CACHE_HOME:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))         # keep the kernel's build where it is
-    monkeypatch.delenv("IMAGEGEN_PROBE", raising=False)
-    monkeypatch.delenv("IMAGEGEN_PRECISION_PROBE", raising=False)
-    monkeypatch.setattr(probe, "_verdicts", {})
-    yield tmp_path / "cache" / "imagegen" / "probes.json"
+pytestmark = pytest.mark.usefixtures("probes_on")      # tests/conftest.py: probes on, a cache of each test's own
 
 
 class Timer:

@@ -23,8 +23,8 @@ from imagegen import ops
 from imagegen.ops import dispatch
 from imagegen.attention.linear import LinearAttention
 from imagegen.ops import build as kernel_mod, triton_linear
-from imagegen.tuning import probe
 from imagegen.ops.causal_linear import linear_attention_reference
+from imagegen.tuning import probe
 from fixtures import make_raw_qkv, out_and_grads
 
 try:
@@ -193,14 +193,8 @@ def test_auto_takes_triton_where_it_works(fresh_probe, device):
 
 
 @pytest.fixture
-def gpu_probes_on(fresh_probe, monkeypatch, tmp_path):
-    """Probes on, with a verdict cache of this test's own (the kernel's build stays where it is), and
-    the Triton check taken as passed."""
-    from torch.utils.cpp_extension import get_default_build_root
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("IMAGEGEN_PROBE", raising=False)
-    monkeypatch.setattr(probe, "_verdicts", {})
+def gpu_probes_on(fresh_probe, probes_on, monkeypatch):
+    """Probes on (tests/conftest.py), "auto" taking Triton on CPU tensors, and the Triton check taken as passed."""
     monkeypatch.setattr(dispatch, "triton_error", lambda *args, **kw: None)
 
 

@@ -7,6 +7,7 @@ Each head turns P parameters per sub-pixel into a distribution over the 256 valu
   -inf, 255 the mass to +inf; log-scales clamped at -7.
 Sampling draws from `probs`, which tests tie to `log_prob`, the distribution the loss scores.
 """
+import functools
 import math
 
 import torch
@@ -16,7 +17,13 @@ from ..errors import UserError
 
 VALUES = torch.arange(256)
 EDGES = (torch.arange(255) + 0.5) / 127.5 - 1          # inner bin edges on [-1, 1]
-ZERO, ONE = torch.zeros(1), torch.ones(1)
+
+
+@functools.lru_cache(maxsize=None)
+def on_device(name, device):
+    """The constant VALUES or EDGES on `device`, copied there once: a copy at every decoding step was a
+    host-to-device transfer per call on a GPU."""
+    return {"VALUES": VALUES, "EDGES": EDGES}[name].to(device)
 
 
 class Categorical:
@@ -73,15 +80,15 @@ class LogisticMixture:
         255 inner bin edges (PixelCNN++ edges: bins 0 and 255 reach to -inf and +inf), differenced.
         Equals exp(log_probs) up to the tiny-bin approximation that log_prob makes (< 1e-4 in total)."""
         logits, mean, log_scale = params.float().chunk(3, dim=-1)                  # (B, K) each
-        edges = EDGES.to(params.device)                                            # (255,)
+        edges = on_device("EDGES", params.device)                                  # (255,)
         inv_s = torch.exp(-log_scale.clamp(min=self.MIN_LOG_SCALE)).unsqueeze(-1)
         cdf = torch.sigmoid((edges - mean.unsqueeze(-1)) * inv_s)                 # (B, K, 255)
         cdf = torch.softmax(logits, dim=-1).unsqueeze(1) @ cdf                     # (B, 1, 255) mixture CDF
-        return torch.diff(cdf.squeeze(1), dim=-1, prepend=ZERO.to(cdf).expand(len(cdf), 1),
-                          append=ONE.to(cdf).expand(len(cdf), 1))
+        cdf = F.pad(F.pad(cdf.squeeze(1), (1, 0), value=0.0), (0, 1), value=1.0)  # (B, 257): 0, CDF, 1
+        return torch.diff(cdf, dim=-1)
 
     def log_probs(self, params):
-        values = VALUES.to(params.device).view(*([1] * (params.dim() - 1)), 256)
+        values = on_device("VALUES", params.device).view(*([1] * (params.dim() - 1)), 256)
         values = values.expand(*params.shape[:-1], 256)
         return self.log_prob(params.unsqueeze(-2), values)
 

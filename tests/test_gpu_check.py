@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parent.parent / ".ci" / "gpu-check"
-STEPS = ["install", "cuda-tests", "sampling-cuda", "train", "attention-bench", "attention-kernel"]
+STEPS = ["install", "cuda-tests", "sampling-cuda", "sampling-colour", "train", "attention-bench", "attention-kernel"]
 
 
 def gpu_check(*args, env=None):

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from imagegen.errors import UserError
+from imagegen.model import heads
 from imagegen.model.heads import Categorical, LogisticMixture, sample
 from fixtures import tiny_model
 from imagegen.bits_per_dim import bits_per_dim
@@ -75,3 +76,14 @@ def test_low_temperature_is_greedy_and_bad_temperature_is_rejected():
     assert torch.equal(sample(head, params, temperature=1e-4).long(), params.argmax(-1))
     with pytest.raises(UserError, match="temperature"):
         sample(head, params, temperature=0)
+
+
+def test_head_constants_are_copied_once_and_serve_training():
+    """heads.constants keeps one copy per device; one first made under inference mode (sampling) is an
+    ordinary tensor, which autograd may save (training)."""
+    device = torch.device("meta")
+    heads.constants.cache_clear()
+    with torch.inference_mode():
+        values, edges = heads.constants(device)
+    assert not values.is_inference() and not edges.is_inference()
+    assert heads.constants(device)[1] is edges and edges.device == device and edges.shape == (255,)

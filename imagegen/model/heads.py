@@ -20,10 +20,12 @@ EDGES = (torch.arange(255) + 0.5) / 127.5 - 1          # inner bin edges on [-1,
 
 
 @functools.lru_cache(maxsize=None)
-def on_device(name, device):
-    """The constant VALUES or EDGES on `device`, copied there once: a copy at every decoding step was a
-    host-to-device transfer per call on a GPU."""
-    return {"VALUES": VALUES, "EDGES": EDGES}[name].to(device)
+def constants(device):
+    """(VALUES, EDGES) on `device`, copied there once (a copy at every call was two host-to-device
+    transfers a decoding step on a GPU), outside inference mode: a copy first made while sampling
+    serves training too."""
+    with torch.inference_mode(False):
+        return VALUES.to(device), EDGES.to(device)
 
 
 class Categorical:
@@ -80,7 +82,7 @@ class LogisticMixture:
         255 inner bin edges (PixelCNN++ edges: bins 0 and 255 reach to -inf and +inf), differenced.
         Equals exp(log_probs) up to the tiny-bin approximation that log_prob makes (< 1e-4 in total)."""
         logits, mean, log_scale = params.float().chunk(3, dim=-1)                  # (B, K) each
-        edges = on_device("EDGES", params.device)                                  # (255,)
+        edges = constants(params.device)[1]                                        # (255,)
         inv_s = torch.exp(-log_scale.clamp(min=self.MIN_LOG_SCALE)).unsqueeze(-1)
         cdf = torch.sigmoid((edges - mean.unsqueeze(-1)) * inv_s)                 # (B, K, 255)
         cdf = torch.softmax(logits, dim=-1).unsqueeze(1) @ cdf                     # (B, 1, 255) mixture CDF
@@ -88,7 +90,7 @@ class LogisticMixture:
         return torch.diff(cdf, dim=-1)
 
     def log_probs(self, params):
-        values = on_device("VALUES", params.device).view(*([1] * (params.dim() - 1)), 256)
+        values = constants(params.device)[0].view(*([1] * (params.dim() - 1)), 256)
         values = values.expand(*params.shape[:-1], 256)
         return self.log_prob(params.unsqueeze(-2), values)
 

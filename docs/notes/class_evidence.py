@@ -19,7 +19,7 @@ import time
 import torch
 
 import imagegen
-from imagegen.benchmarks.label_accuracy import class_probs, classifier
+from imagegen.benchmarks.label_accuracy import class_probs, load_judge
 from imagegen.sampling.decode import generate
 
 
@@ -47,9 +47,7 @@ def best_of(name, per, K, G, judge_path):
     per, K, G = int(per), int(K), float(G)
     model = imagegen.load(name, threads=1)
     info, module = model.info, model.module
-    net = classifier(info.channels, info.num_classes, info.height, info.width)
-    net.load_state_dict(torch.load(judge_path, weights_only=True))
-    net.eval()
+    net = load_judge(judge_path, info)
     asked = torch.arange(info.num_classes).repeat_interleave(per)           # (R,)
     R = len(asked)
     labels = asked.repeat(K)                                                # candidate j of request i: j * R + i

@@ -16,7 +16,7 @@ import time
 import torch
 
 import imagegen
-from imagegen.benchmarks.label_accuracy import class_probs, classifier
+from imagegen.benchmarks.label_accuracy import class_probs, load_judge
 from imagegen.model import heads
 from imagegen.sampling.decode import generate
 
@@ -45,9 +45,7 @@ def main(name, per, judge_path, *forms):
     torch.set_num_threads(1)
     model = imagegen.load(name)
     info = model.info
-    net = classifier(info.channels, info.num_classes, info.height, info.width)
-    net.load_state_dict(torch.load(judge_path, weights_only=True))
-    net.eval()
+    net = load_judge(judge_path, info)
     asked = torch.arange(info.num_classes).repeat_interleave(int(per))
     for cfg in map(json.loads, forms):
         heads.guided_probs = form(cfg["G"], cfg.get("B", 0.5), cfg.get("sched", "const"), model.module.length)

@@ -67,13 +67,18 @@ def predict(net, x, info):
     return class_probs(net, x, info).argmax(-1)
 
 
-def judge(args, train, info):
-    """The classifier: read from --judge when that file exists (tensors only), else trained (and saved
-    there when --judge names a file)."""
+def load_judge(path, info):
+    """The classifier whose weights `--judge` wrote to path (tensors only), in evaluation mode."""
     net = classifier(info.channels, info.num_classes, info.height, info.width)
+    net.load_state_dict(torch.load(path, weights_only=True))
+    return net.eval()
+
+
+def judge(args, train, info):
+    """The classifier: read from --judge when that file exists, else trained (and saved there when
+    --judge names a file)."""
     if args.judge and Path(args.judge).is_file():
-        net.load_state_dict(torch.load(args.judge, weights_only=True))
-        return net.eval()
+        return load_judge(args.judge, info)
     net = train_classifier(*train, info, args.epochs, args.seed)
     if args.judge:
         torch.save(net.state_dict(), args.judge)

@@ -4,11 +4,14 @@
     model = imagegen.load("mnist-linear")                 # a shipped model, a .safetensors or a .pt file
     digits = model.generate(labels=[7] * 8, guidance=2)   # (8, 28, 28, 1) uint8
     model.grid(digits, nrow=8).save("sevens.png")
-    halves = model.complete(digits[:2], rows=14, n=4)     # keep 14 rows of each, sample the rest 4 times
+    halves = model.complete(digits[:2], rows=14, n=4, labels=[7, 7])   # keep 14 rows, sample the rest 4 times
+    model.grid(halves).save("halves.png")                 # a row per original, its 4 completions
     test_images, test_labels = model.load_split("test", n=500)   # the model's own dataset, from data.root
-    model.bits_per_dim(test_images, labels=test_labels)
+    print(model.bits_per_dim(test_images, labels=test_labels))
 
-Images are numpy uint8 arrays (N, H, W, C); labels are class numbers (model.class_names names them).
+Images are numpy uint8 arrays (N, H, W, C); labels are class numbers or names (model.class_names), one
+for all images or one per image. Every argument is checked by the checker the commands use
+(config.check_sampling, config.class_numbers, config.check_device): bad input is one UserError sentence.
 
 On the CPU, load(threads=0) sets torch's thread count to the cores free now, and the model's methods
 look again when the last look is over threads.LOOK_SECONDS old (0.2 s; docs/threads.md); threads=N
@@ -22,9 +25,10 @@ import torch
 from .tuning import threads as _threads
 from .store import checkpoint, shipped
 from .data.sets import dataset_info, load_from_config
-from .config import check_classes, check_sampling
+from .config import check_device, check_sampling, class_numbers, shown, whole
 from .errors import UserError
-from .memory import check_images_fit
+from .memory import check_grid_fits, check_images_fit
+from .say import say
 from .model.transformer import model_dims
 from .precision import resolve_precision
 from .sampling.decode import generate, grid, resolve_sampler, to_images
@@ -35,7 +39,9 @@ def load(name_or_path=shipped.DEFAULT, device="cpu", threads=0):
     """The model a checkpoint= value names (shipped name, .safetensors with its .json, or .pt), checked
     as every command checks it, on `device`, in evaluation mode. threads (CPU): 0 fits torch's thread
     count to the cores free now (and the methods look again every few minutes), N sets N, None
-    leaves it alone."""
+    leaves it alone. device: cpu, cuda, cuda:N, auto (cuda when torch sees a GPU) or a torch.device."""
+    check_sampling(threads=threads)
+    device = check_device(device)
     path = shipped.resolve(name_or_path)
     ck = checkpoint.load(path)
     model = Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck, threads=threads)
@@ -80,12 +86,12 @@ class Model:
 
     def generate(self, n=None, labels=None, temperature=1.0, guidance=None, seed=0, precision="float32",
                  batch_size=64, progress=False):
-        """n images (N, H, W, C) uint8; labels: one class for all, or one per image (n defaults to
-        their count, else 16); guidance: None takes the model's default."""
+        """n images (N, H, W, C) uint8; labels: one class (number or name) for all, or one per image (n
+        defaults to their count, else 16), none: p(x | no label); guidance: None takes the model's default."""
         self._fit_threads()
         labels = self._labels(labels)
         n = n if n is not None else (len(labels) if labels is not None and len(labels) > 1 else 16)
-        check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance)
+        check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance, seed=seed)
         check_images_fit(self.info, n, f"n={n:,}")
         seqs = generate(self.module, n, temperature=temperature, seed=seed, batch_size=batch_size,
                         labels=labels, guidance=self.guidance if guidance is None else guidance,
@@ -97,18 +103,18 @@ class Model:
     def complete(self, images, rows=None, n=1, labels=None, temperature=1.0, guidance=None, seed=0,
                  precision="float32", batch_size=64):
         """Keep the top `rows` image rows (default: half) of images (B, H, W, C) uint8 and sample the
-        rest n times each: (B, n, H, W, C) uint8."""
+        rest n times each: (B, n, H, W, C) uint8 (model.grid tiles it, a row per image). labels: the
+        images' classes (one for all, or one per image); a class-conditional model without them completes
+        from p(x | no label)."""
         self._fit_threads()
-        check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance)
+        check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance, seed=seed)
         images = self._images(images)
         check_images_fit(self.info, len(images) * n, f"{len(images):,} images x n={n:,}")
-        rows = self.info.height // 2 if rows is None else rows
-        if not 0 <= rows <= self.info.height:
-            raise UserError(f"rows must lie in 0..{self.info.height}, got {rows}.")
+        rows = whole(self.info.height // 2 if rows is None else rows, "rows", 0, self.info.height)
         keep = rows * self.info.width * self.info.channels
         prefix = torch.from_numpy(images.reshape(len(images), -1)[:, :keep]).repeat_interleave(n, dim=0)
-        labels = self._labels(labels)
-        if labels is not None and len(labels) == len(images):
+        labels = self._labels(labels, len(images))
+        if labels is not None:
             labels = labels.repeat_interleave(n)
         seqs = generate(self.module, len(prefix), prefix=prefix, temperature=temperature, seed=seed,
                         batch_size=batch_size, labels=labels, guidance=self.guidance if guidance is None else guidance,
@@ -117,11 +123,18 @@ class Model:
         return to_images(seqs, self.info).reshape(len(images), n, *images.shape[1:])
 
     def bits_per_dim(self, images, labels=None, batch_size=32):
-        """Exact bits/dim of images (B, H, W, C) uint8, given their labels for a class-conditional model."""
+        """Exact bits/dim of images (B, H, W, C) uint8 under p(x | label), given their labels (one per image,
+        or one for all) for a class-conditional model; without labels such a model scores p(x | no label),
+        and says so in one line on stderr."""
         self._fit_threads()
+        check_sampling(batch_size=batch_size)
         images = self._images(images)
+        labels = self._labels(labels, len(images))
+        if labels is None and self.module.num_classes:
+            say("bits_per_dim scored p(x | no label): this model is class-conditional; pass labels=... (one per "
+                "image) to score p(x | label).")
         x = torch.from_numpy(images.reshape(len(images), -1))
-        return bits_per_dim(self.module, x, batch_size, self.device, labels=self._labels(labels, len(images)))
+        return bits_per_dim(self.module, x, batch_size, self.device, labels=labels)
 
     def load_split(self, split="test", n=None, root=None, download=None):
         """(images (N, H, W, C) uint8, labels (N,) int64) of a split (test, val or train) of the dataset
@@ -137,38 +150,58 @@ class Model:
         seqs = x[:count] if isinstance(x, torch.Tensor) else torch.stack([x[i] for i in range(count)])
         return to_images(seqs, self.info).copy(), torch.as_tensor(y[:count]).numpy().astype(np.int64)
 
-    def grid(self, images, nrow=8, scale=4):
-        """A PIL image tiling images (B, H, W, C) uint8, nrow per row, upscaled `scale` times."""
+    def grid(self, images, nrow=None, scale=4):
+        """A PIL image tiling images (B, H, W, C) uint8, nrow per row (default 8), or complete's result
+        (B, n, H, W, C), a row per original (nrow default: n); upscaled `scale` times."""
+        images = self._images(images, completions=True)
+        if images.ndim == 5:
+            nrow = images.shape[1] if nrow is None else nrow
+            images = images.reshape(-1, *images.shape[2:])
+        nrow = 8 if nrow is None else nrow
         check_sampling(nrow=nrow, scale=scale)
-        return grid(np.asarray(images), nrow=nrow, scale=scale)
+        check_grid_fits(self.info, len(images), nrow, scale)
+        return grid(images, nrow=nrow, scale=scale)
 
     @property
     def sampler(self):
         """How this model samples: step (an RNN or KV cache) or recompute (LSH)."""
         return resolve_sampler(self.module, "auto")
 
-    def _images(self, images):
-        images = np.asarray(images)
-        if images.dtype != np.uint8:
-            bad = images[~np.isin(images, np.arange(256))] if np.issubdtype(images.dtype, np.number) else images
+    def _images(self, images, completions=False):
+        """images as (N, H, W, C) uint8 of this model's shape (N > 0; (N, H, W) for one channel; whole numbers
+        of any numeric type); completions: complete's (B, n, H, W, C) too, kept 5-D."""
+        shape = (self.info.height, self.info.width, self.info.channels)
+        want = f"(N, {shape[0]}, {shape[1]}, {shape[2]}) uint8{' or (B, n, ...) from complete' if completions else ''}"
+        try:
+            array = np.asarray(images)
+        except (ValueError, TypeError):                 # ragged nested lists
+            array = np.empty(0, object)
+        if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
+            raise UserError(f"images must be a numpy array {want}, got {shown(images)}; pass pixels 0..255, "
+                            f"e.g. model.generate(...)'s result.")
+        if array.dtype != np.uint8:
+            bad = array[~np.isin(array, np.arange(256))]
             if bad.size:
-                raise UserError(f"images must hold whole numbers in 0..255 (uint8 pixels), got {images.dtype} values "
+                raise UserError(f"images must hold whole numbers in 0..255 (uint8 pixels), got {array.dtype} values "
                                 f"such as {bad.flat[0]}; scale them to 0..255 and round, e.g. "
                                 f"np.round(images * 255).astype(np.uint8).")
-        images = np.ascontiguousarray(images, dtype=np.uint8)
-        shape = (self.info.height, self.info.width, self.info.channels)
-        if images.ndim == 3 and self.info.channels == 1:
-            images = images[..., None]
-        if images.ndim != 4 or images.shape[1:] != shape:
-            raise UserError(f"images must be (N, {shape[0]}, {shape[1]}, {shape[2]}) uint8, got {images.shape}.")
-        return images
+        array = np.ascontiguousarray(array, dtype=np.uint8)
+        if array.ndim == 3 and self.info.channels == 1:
+            array = array[..., None]
+        if not (array.ndim == 4 or completions and array.ndim == 5) or array.shape[-3:] != shape:
+            raise UserError(f"images must be {want}, got {array.shape}.")
+        if not array.size:
+            raise UserError(f"images holds no image (shape {array.shape}); pass at least one, {want}.")
+        return array
 
     def _labels(self, labels, n=None):
+        """labels (class numbers or names: config.class_numbers) as (N,) long, None staying None; n: the
+        images they label (one label is repeated n times)."""
         if labels is None:
             return None
-        labels = torch.as_tensor(np.asarray(labels), dtype=torch.long).flatten()
-        if self.module.num_classes:
-            check_classes(labels.tolist(), self.class_names)
+        labels = torch.tensor(class_numbers(labels, self.class_names), dtype=torch.long)
+        if n is not None and len(labels) == 1:
+            labels = labels.expand(n)
         if n is not None and len(labels) != n:
-            raise UserError(f"give one label per image: {n} images but {len(labels)} labels.")
+            raise UserError(f"give one label per image (or one for all): {n} images but {len(labels)} labels.")
         return labels

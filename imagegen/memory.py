@@ -39,11 +39,28 @@ def output_bytes(info, images, tiles, nrow, scale, prefix=0, pad=2):
     sequences (and the completion prefixes, `prefix` sub-pixels each), the tiles laid out for the
     grid, and the grid itself (canvas, PIL copy, upscaled copy)."""
     D = info.length
+    laid_out = 2 * tiles * D if tiles != images else 0             # completion rows: copies and concatenation
+    return 2 * images * D + images * prefix + laid_out + grid_bytes(info, tiles, nrow, scale, pad)
+
+
+def grid_bytes(info, tiles, nrow, scale, pad=2):
+    """Rough peak bytes of a grid of `tiles` images, nrow per row (sampling.decode.grid): the canvas, its
+    PIL copy and the copy upscaled `scale` times."""
     ncol = min(nrow, tiles)
     rows = -(-tiles // ncol)
     canvas = (rows * (info.height + pad) + pad) * (ncol * (info.width + pad) + pad) * info.channels
-    laid_out = 2 * tiles * D if tiles != images else 0             # completion rows: copies and concatenation
-    return 2 * images * D + images * prefix + laid_out + canvas * (2 + scale * scale)
+    return canvas * (2 + scale * scale)
+
+
+def check_grid_fits(info, tiles, nrow, scale):
+    """UserError, before the canvas is allocated, when a grid of `tiles` images at `scale` would take more
+    than 80% of the free CPU memory; it names the largest scale that fits."""
+    need, free = grid_bytes(info, tiles, nrow, scale), 0.8 * available_bytes(torch.device("cpu"))
+    if need > free:
+        fits = int(max(0.0, free / grid_bytes(info, tiles, nrow, 1) * 3 - 2) ** 0.5)   # (2 + s^2) / 3 of scale 1's
+        raise UserError(f"a grid of {tiles:,} images at scale={scale:,} would need about {need / 2**30:.1f} GiB, "
+                        f"more than the {free / 2**30:.1f} GiB of free memory; lower scale (at most about {fits:,} "
+                        f"fits) or tile fewer images.")
 
 
 def check_images_fit(info, images, asked):

@@ -102,6 +102,19 @@ def test_damaged_int8_files_are_one_sentence(run_checkpoint, tmp_path, mnist_roo
         assert message in one_sentence(e)
 
 
+def test_int8_scales_changed_to_other_valid_ones_are_refused(run_checkpoint, tmp_path, mnist_root):
+    """Positive finite scales of another model pass every structural check; the recorded sha256 refuses them."""
+    path, _ = run_checkpoint
+    convert_at(path, tmp_path / "m8", mnist_root, "int8")
+    weights = tmp_path / "m8.safetensors"
+    good = load_file(weights)
+    name = "blocks.0.ff.0.weight_scale"
+    save_file({**good, name: good[name] * 2}, weights)
+    with pytest.raises(UserError, match="does not match the weights_sha256 recorded in m8.json") as e:
+        imagegen.load(weights)
+    one_sentence(e)
+
+
 def test_bad_precision_is_one_sentence(run_checkpoint, tmp_path, mnist_root):
     path, _ = run_checkpoint
     with pytest.raises(UserError, match="precision must be float32 or int8") as e:

@@ -178,3 +178,41 @@ def test_demo_sites_are_the_current_page_and_the_shipped_weights(site, name):
             assert ((got.float() * scale - value).abs() <= scale / 2 + 1e-6).all(), key
         else:
             assert torch.equal(got, value), key
+
+
+def test_convert_records_the_weights_sha256_and_load_refuses_other_weights(run_checkpoint, tmp_path, mnist_root):
+    """A .safetensors altered into another valid model (a weight changed, its bytes flipped) is refused in
+    one sentence; a .json of an older imagegen, without weights_sha256, still loads."""
+    import hashlib
+    from safetensors.torch import load_file, save_file
+    from fixtures import one_sentence
+
+    path, _ = run_checkpoint
+    convert(convert_cfg(path, tmp_path / "m", mnist_root, check_images=0), torch.device("cpu"))
+    weights, meta = tmp_path / "m.safetensors", tmp_path / "m.json"
+    recorded = json.loads(meta.read_text())["weights_sha256"]
+    assert recorded == hashlib.sha256(weights.read_bytes()).hexdigest()
+    good = weights.read_bytes()
+    tensors = load_file(weights)
+    save_file({**tensors, "ln_f.weight": tensors["ln_f.weight"] * 1.01}, weights)
+    with pytest.raises(UserError, match="does not match the weights_sha256 recorded in m.json") as e:
+        imagegen.load(weights)
+    one_sentence(e)
+    flipped = bytearray(good)
+    flipped[-1] ^= 0x01                                   # the last byte of the last float: still a valid file
+    weights.write_bytes(bytes(flipped))
+    with pytest.raises(UserError, match="does not match the weights_sha256"):
+        checkpoint.load(weights)
+    older = json.loads(meta.read_text())
+    del older["weights_sha256"]
+    meta.write_text(json.dumps(older))
+    assert imagegen.load(weights).module is not None      # no checksum: read as it is
+
+
+def test_every_shipped_model_records_the_sha256_of_its_weights():
+    import hashlib
+    found = sorted(shipped.SHIPPED.glob("*.safetensors"))
+    assert found
+    for weights in found:
+        meta = json.loads(weights.with_suffix(".json").read_text())
+        assert meta["weights_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest(), weights.name

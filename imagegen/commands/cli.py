@@ -277,27 +277,15 @@ def hydra_entry(config_name, task):
 
 
 def resolve_device(name="auto", threads=0):
-    """The torch device `name` asks for; on the CPU, torch's thread count fitted to the cores free
-    now (threads=0) or set to threads=N (imagegen.tuning.threads.fit_threads)."""
+    """The torch device `name` asks for (config.check_device, as the Python API's load); on the CPU,
+    torch's thread count fitted to the cores free now (threads=0) or set to threads=N
+    (imagegen.tuning.threads.fit_threads)."""
     import torch
-    if threads < 0:
-        raise UserError(f"threads must be >= 0 (0: the cores free now), got {threads}.")
-    device = pick_device(name, torch)
+    config.check_sampling(threads=threads)
+    device = config.check_device(name)
     if device.type == "cpu":
         from ..tuning.threads import fit_threads
         fit_threads(int(threads))
     elif threads:
         torch.set_num_threads(int(threads))
     return device
-
-
-def pick_device(name, torch):
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if str(name).startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device={name} asked for, but this torch build sees no CUDA GPU; use device=cpu or "
-                        f"device=auto.")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N.") from None

@@ -1,5 +1,6 @@
 """imagegen-convert: a run's checkpoint as a shippable model, OUT.safetensors + OUT.json (Hydra app;
-see conf/convert.yaml and imagegen/store/shipped.py). The result loads wherever a checkpoint is taken
+see conf/convert.yaml and imagegen/store/shipped.py; OUT.json records the sha256 of OUT.safetensors, which
+every load checks). The result loads wherever a checkpoint is taken
 (checkpoint=OUT.safetensors), and by name once it lies in the package's checkpoints/ folder.
 precision=int8 stores each Dense layer's weight in 8 bits with a float32 scale per output column (about a
 quarter of the size); it loads as float32 (q * scale), and the check scores those weights. On the CPU the

@@ -6,7 +6,7 @@ import torch
 
 from ..store import checkpoint, shipped
 from .cli import hydra_entry
-from ..config import check_classes, check_sample
+from ..config import check_sample, class_numbers
 from ..data.sets import dataset_info, load_from_config
 from ..files import check_target, write_image
 from ..memory import check_request_fits
@@ -37,14 +37,14 @@ def grid_labels(cfg, model):
     return None, cfg["num_images"]
 
 
-def check_labels_given(cfg, num_classes, class_names):
-    """label= and labels=[...] name classes of the model (checked right after the checkpoint is read)."""
+def labels_given(cfg, num_classes, class_names):
+    """cfg with label= and labels=[...] as class numbers (a name looked up in class_names), each checked to
+    be a class of the model (config.class_numbers, as the Python API's), right after the checkpoint is read."""
     if not num_classes:
-        return
-    if cfg["label"] is not None:
-        check_classes([cfg["label"]], class_names, "label")
-    if isinstance(cfg["labels"], list):
-        check_classes(cfg["labels"], class_names)
+        return cfg
+    label = None if cfg["label"] is None else class_numbers(cfg["label"], class_names, "label")[0]
+    labels = class_numbers(cfg["labels"], class_names) if isinstance(cfg["labels"], list) else cfg["labels"]
+    return {**cfg, "label": label, "labels": labels}
 
 
 def first_of_each_class(classes):
@@ -67,7 +67,7 @@ def run_sample(cfg, device):
     ck = checkpoint.load(path)
     info = dataset_info(ck["config"]["data"])
     num_classes = ck["config"]["model"]["num_classes"]
-    check_labels_given(cfg, num_classes, info.class_names)
+    cfg = labels_given(cfg, num_classes, info.class_names)
     rows = label_rows(cfg, num_classes) if cfg["mode"] == "grid" else None
     check_request_fits(cfg, info, label_rows=len(rows or []))
     if rows is not None and cfg["labels"] == "auto":

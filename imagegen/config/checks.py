@@ -126,21 +126,77 @@ def check_train(cfg, memory_bytes=None):
         attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
 
 
+MAX_SEED = 2 ** 64 - 1          # torch.Generator.manual_seed takes an unsigned 64-bit seed
+
+
+def shown(value, limit=40):
+    """value as a message shows it: a string quoted, anything else as printed, cut at `limit` characters."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def whole(value, key, low=1, high=None, span=None, note=""):
+    """value as an int when it is a whole number (int or numpy integer, not bool) in low..high (None: no
+    bound); else one sentence naming key and the range (span: the range in words, e.g. "in 0..2**64-1";
+    note: what the values mean, e.g. " (0: the cores free now)")."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= value \
+            and (high is None or value <= high):
+        return int(value)
+    if (low, high) == (1, None):
+        raise UserError(f"{key} must be a positive number, got {shown(value)}; pass {key}=N with N a whole "
+                        f"number > 0{note}.")
+    span = span or (f"in {low}..{high}" if high is not None else f">= {low}")
+    raise UserError(f"{key} must be {span} (a whole number), got {shown(value)}; pass {key}=N with N a whole "
+                    f"number {span}{note}.")
+
+
 def check_sampling(**values):
-    """The numbers of a sampling request, checked alike for imagegen-sample (check_sample) and the Python
-    API: counts (n, num_images, nrow, batch_size, ...) whole numbers > 0, temperature a finite number > 0,
-    guidance a finite number >= 0 (None: the model's default); one sentence naming the value and the fix."""
+    """The numbers of a sampling request, checked alike for imagegen-sample (check_sample), every command's
+    threads= (cli.resolve_device) and the Python API: counts (n, num_images, nrow, batch_size, ...) whole
+    numbers > 0, seed a whole number in 0..2**64-1 (what torch's generator takes), threads a whole number
+    >= 0 (None: torch's count left alone), temperature a finite number > 0, guidance a finite number >= 0
+    (None: the model's default); one sentence naming the value and the fix."""
     for key, value in values.items():
         if key == "guidance":
             if value is not None and not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
-                raise UserError(f"guidance must be a finite number >= 0, got {value}; pass guidance=G with G >= 0 "
-                                f"(1: the plain conditional distribution).")
+                raise UserError(f"guidance must be a finite number >= 0, got {shown(value)}; pass guidance=G with "
+                                f"G >= 0 (1: the plain conditional distribution).")
         elif key == "temperature":
             if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
-                raise UserError(f"temperature must be a finite number > 0, got {value}; pass temperature=T with "
-                                f"T > 0 (1 samples the model's distribution).")
-        elif not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0):
-            raise UserError(f"{key} must be a positive number, got {value}; pass {key}=N with N a whole number > 0.")
+                raise UserError(f"temperature must be a finite number > 0, got {shown(value)}; pass temperature=T "
+                                f"with T > 0 (1 samples the model's distribution).")
+        elif key == "seed":
+            whole(value, key, 0, MAX_SEED, "in 0..2**64-1")
+        elif key == "threads":
+            if value is not None:
+                whole(value, key, 0, note=" (0: the cores free now)")
+        else:
+            whole(value, key)
+
+
+def check_device(name):
+    """The torch device a device= value names (auto: cuda when torch sees a GPU, else cpu; a torch.device
+    is taken as it is); one sentence for a name torch does not know or a device this machine cannot use."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if str(name).startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device={name} asked for, but this torch build sees no CUDA GPU; use device=cpu or "
+                        f"device=auto.")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise UserError(f"unknown device {shown(name)}; use auto, cpu, cuda or cuda:N.") from None
+    if device.type != "cpu":
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError) as e:      # cuda:5 on a one-GPU machine, mps elsewhere, ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            reason = reason if len(reason) <= 100 else reason[:100].rsplit(" ", 1)[0] + " ..."
+            raise UserError(f"device={device} cannot be used on this machine ({reason}); use device=cpu or "
+                            f"device=auto.") from None
+    return device
 
 
 def check_classes(labels, class_names, key="labels"):
@@ -148,10 +204,40 @@ def check_classes(labels, class_names, key="labels"):
     naming the bad one and the classes there are."""
     bad = [v for v in labels if not -1 <= v < len(class_names)]
     if bad:
-        named = [f"{i}: {n}" for i, n in enumerate(class_names) if n != str(i)]
-        names = f" ({', '.join(named[:10])}{', ...' if len(named) > 10 else ''})" if named else ""
-        raise UserError(f"{key} holds {bad[0]}, which is not a class of this model; use class numbers "
-                        f"0..{len(class_names) - 1}{names}.")
+        raise UserError(f"{key} holds {shown(bad[0])}, which is not a class of this model; use class numbers "
+                        f"0..{len(class_names) - 1}{named_classes(class_names)}.")
+
+
+def named_classes(class_names):
+    """" (0: airplane, 1: automobile, ...)" for classes with names other than their numbers, else ""."""
+    named = [f"{i}: {n}" for i, n in enumerate(class_names) if n != str(i)]
+    return f" ({', '.join(named[:10])}{', ...' if len(named) > 10 else ''})" if named else ""
+
+
+def class_numbers(labels, class_names, key="labels"):
+    """labels as a list of class numbers: one class or a flat sequence of them (a list, a numpy array or a
+    torch tensor), each a class number (-1: no label) or a name in class_names; one sentence for anything
+    else (a fraction, a nested list, an unknown name, an unconditional model)."""
+    if not class_names:
+        raise UserError(f"this model is unconditional (trained without labels); leave out {key}=, or train with "
+                        f"model.num_classes=10.")
+    values = labels.tolist() if hasattr(labels, "tolist") else labels
+    if isinstance(values, (str, numbers.Number)):
+        values = [values]
+    if not isinstance(values, (list, tuple)) or not values:
+        raise UserError(f"{key} must be one class or a list of them, got {shown(labels)}; pass e.g. {key}=[0, 1].")
+    numbers_ = []
+    for v in values:
+        if isinstance(v, str) and v in class_names:
+            numbers_.append(list(class_names).index(v))
+        elif isinstance(v, numbers.Integral) and not isinstance(v, bool):
+            numbers_.append(int(v))
+        else:
+            raise UserError(f"{key} holds {shown(v)}, which is neither a class number nor a class name of this "
+                            f"model; give each image a class number 0..{len(class_names) - 1} (-1: none) or a class "
+                            f"name{named_classes(class_names)}, e.g. {key}=[0, 1].")
+    check_classes(numbers_, class_names, key)
+    return numbers_
 
 
 def check_sample(cfg):
@@ -160,11 +246,12 @@ def check_sample(cfg):
     if cfg.get("originals", "first") not in ("first", "per_class"):
         raise UserError(f"originals must be first or per_class, got {cfg['originals']!r}.")
     check_sampling(**{k: cfg[k] for k in ("num_images", "num_originals", "completions", "nrow", "scale",
-                                          "batch_size", "temperature", "guidance")})
+                                          "batch_size", "temperature", "guidance", "seed")})
     labels = cfg.get("labels", "auto")
-    if not (labels in ("auto", "none", None) or (isinstance(labels, list) and labels
-                                                   and all(isinstance(v, int) for v in labels))):
-        raise UserError(f"labels must be auto, none or a list of class numbers such as labels=[0,1,2], got {labels!r}.")
+    if not (labels in ("auto", "none", None) or (isinstance(labels, list) and labels and all(
+            isinstance(v, str) or isinstance(v, int) and not isinstance(v, bool) for v in labels))):
+        raise UserError(f"labels must be auto, none or a list of class numbers or names such as labels=[0,1,2], "
+                        f"got {labels!r}.")
     if cfg.get("label") is not None and isinstance(labels, list):
         raise UserError("give label=N (one class for the whole grid) or labels=[...] (a row per class), not both.")
 

@@ -5,13 +5,16 @@ that ship in the package's checkpoints/ folder.
   NAME.safetensors   the weights (the average of the weights when the run kept one), float32; converted
                      with precision=int8, each Dense layer's weight X.weight as int8 beside its float32
                      scales X.weight_scale (one per output column), which `read` turns back into float32
-  NAME.json          {"format": "imagegen/1", "config": {"model", "data", "train"}, "record": {...}}
+  NAME.json          {"format": "imagegen/1", "weights_sha256": "<hex>", "config": {"model", "data", "train"},
+                     "record": {...}}; `read` refuses weights whose sha256 is not the recorded one (a
+                     .json of an older imagegen, without it, is read as it is)
   NAME.md            the model card: how it was trained and what it scores (shipped models)
 
 `read` gives the same dict as a .pt checkpoint's {"format", "config", "model"} (plus "record"),
 so every command checks and loads either the same way (checkpoint.load). The run checkpoints
 (.pt) stay the form to resume from: they also hold the optimizer and the run state.
 """
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -73,6 +76,9 @@ def read(path):
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise UserError(f"{path} is not a readable .safetensors file (damaged or truncated: {reason}); {fix}") from None
     weights = dequantized(weights, path)
+    if "weights_sha256" in meta and meta["weights_sha256"] != file_sha256(path):
+        raise UserError(f"{path} does not match the weights_sha256 recorded in {config_path.name} (damaged or "
+                        f"altered since imagegen-convert wrote it); reinstall imagegen for a shipped model, else {fix}")
     record = meta.get("record", {})
     guidance = record.get("guidance", 1.0) if isinstance(record, dict) else None
     if not isinstance(guidance, (int, float)) or isinstance(guidance, bool) or not 0 <= guidance < float("inf"):
@@ -159,13 +165,25 @@ def write(stem, config, weights, record):
 
 
 def write_config(stem, config, record):
-    """Write STEM.json alone (a shippable_config and the record beside STEM.safetensors); returns its path."""
+    """Write STEM.json alone (a shippable_config, the record and the sha256 of the STEM.safetensors written
+    before it); returns its path."""
     from ..files import write_bytes
 
     meta = Path(stem).with_suffix(".json")
-    text = json.dumps({"format": FORMAT, "config": config, "record": record}, indent=1) + "\n"
+    digest = file_sha256(Path(stem).with_suffix(".safetensors"))
+    text = json.dumps({"format": FORMAT, "weights_sha256": digest, "config": config, "record": record},
+                      indent=1) + "\n"
     write_bytes(meta, text.encode(), "config", WRITE_FIX)
     return meta
+
+
+def file_sha256(path):
+    """The sha256 of a file's bytes, as hex (what STEM.json records of STEM.safetensors)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def check_int8(weights, path):

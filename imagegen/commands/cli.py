@@ -123,6 +123,9 @@ def compose(config_name, overrides):
                 raise UserError(config.unknown_option(attention, option)) from None
         if "not in" in first and key:
             typed = next((k for k in override_keys(overrides) if k == key or k.startswith(key + ".")), key)
+            if typed in ("device", "threads") and not COMMAND_TABLE[config_name].uses_device:
+                raise UserError(f"{command_name(config_name)} takes no {typed}=...: it runs no model; "
+                                f"drop it.") from None
             raise UserError(f"unknown option {typed!r}{did_you_mean(config_name, typed)}; {command_name(config_name)} "
                             f"--help lists the options.") from None
         if first.startswith("Could not append to config. An item is already at"):      # +key=value of a key there
@@ -169,12 +172,14 @@ def help_text(config_name, argv=()):
         lines.append("")
     lines.append("options (key: type = default; meaning):" if not chosen else
                  f"options (key: type = default with {' '.join(chosen)}; meaning):")
-    for key, kind, text in config.describe(config.SCHEMAS[config_name]):
+    for key, f in config.options(config.SCHEMAS[config_name]):
         value = cfg
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        lines.append(f"  {key}: {kind} = {value}")
-        lines.append(f"      {text}")
+        shown = (f", required (e.g. {key}={f.metadata.get('example', '...')})" if value == "???"   # Hydra's MISSING
+                 else f" = {value}")
+        lines.append(f"  {key}: {config.type_name(f.type)}{shown}")
+        lines.append(f"      {f.metadata.get('help', '')}")
     if "model" in groups:
         lines += [""] + attention_help(cfg["model"])
     if examples:

@@ -5,4 +5,4 @@ from .checks import (attention_options, check_classes, check_eval, check_model, 
 from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,  # noqa: F401
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,
                      PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions, describe,
-                     opt, register, type_name)
+                     opt, options, register, type_name)

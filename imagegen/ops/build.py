@@ -246,10 +246,15 @@ def ensure_kernel(device_type):
 
 def main(argv):
     """`python -m imagegen.ops [cpu|cuda]`: build that kernel now (default cpu), or say why it cannot be."""
+    usage = f"usage: python -m imagegen.ops [{'|'.join(SOURCES)}]"
+    if argv in (["--help"], ["-h"]):
+        print(f"{usage}\nbuild the compiled kernel of the linear attention for that device now (default cpu), once "
+              f"for every later run, or say why it cannot be built.")
+        return
     if len(argv) > 1 or (argv and argv[0] not in SOURCES):
-        raise SystemExit(f"usage: python -m imagegen.ops [{'|'.join(SOURCES)}] (got {' '.join(argv)})")
+        raise SystemExit(f"{usage} (got {' '.join(argv)})")
     device_type = argv[0] if argv else "cpu"
-    why = ensure_kernel(device_type)
+    why = kernel_error(device_type)      # the error says it; no fallback line: nothing falls back here
     if why:
         raise SystemExit(f"error: the {device_type} kernel cannot be built: {why}")
     print(f"the {device_type} kernel is built")

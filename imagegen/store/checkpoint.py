@@ -70,6 +70,7 @@ def initial_weights(spec, cfg):
     add sub-pixel distances to those the checkpoint has (each new embedding at zero, each old one kept
     with its distance, so the first step computes what the checkpoint did)."""
     ck = load(spec, hint="train.init=PATH")
+    check_same_images(spec, dataset_info(ck["config"]["data"]), dataset_info(cfg["data"]))
     then = {k: v for k, v in ck["config"]["model"].items() if k != "dropout"}
     now = {k: v for k, v in cfg["model"].items() if k != "dropout"}
     old, new = list(then.get("context") or []), list(now.get("context") or [])
@@ -84,3 +85,14 @@ def initial_weights(spec, cfg):
         zeros = torch.zeros(257, weights["tok.weight"].shape[1])
         weights.update({f"ctx.{i}.weight": kept.get(o, zeros).clone() for i, o in enumerate(new)})
     return weights
+
+
+def check_same_images(spec, then, now):
+    """train.init's model (of `then`, a DatasetInfo) takes this run's images (`now`) only at their size and
+    channels; another shape is a model of other data, named as such (not a damaged file)."""
+    def shape(info):
+        return f"{info.height}x{info.width}, {info.channels} channel{'s' if info.channels > 1 else ''}"
+    if (then.height, then.width, then.channels) != (now.height, now.width, now.channels):
+        raise UserError(f"train.init={spec} is a model of {then.name} images ({shape(then)}) and this run trains on "
+                        f"{now.name} ({shape(now)}); pass train.init a model of {shape(now)} images, or drop "
+                        f"train.init to start from random weights.")

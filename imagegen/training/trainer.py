@@ -158,12 +158,8 @@ class Trainer:
                  + (f"; changed since: {', '.join(changed)}" if changed else ""))
 
     def start_from(self, spec):
-        weights = checkpoint.initial_weights(spec, self.cfg)
-        try:
-            check_weights_fit(weights, self.model, spec)
-        except UserError as e:      # same settings, other data: the image size or channels differ
-            raise UserError(f"train.init={spec} does not fit this run's data {self.cfg['data']['name']} ({e}); "
-                            f"train on data of its image size and channels, or drop train.init.") from None
+        weights = checkpoint.initial_weights(spec, self.cfg)       # the same architecture and image shape
+        check_weights_fit(weights, self.model, spec)
         self.model.load_state_dict(weights)
         if self.ema is not None:
             self.ema.load_state_dict(weights)

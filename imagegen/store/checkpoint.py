@@ -15,7 +15,7 @@ from .. import files
 from ..data.sets import dataset_info
 from ..errors import UserError
 from ..model.transformer import build_model
-from .format import FORMAT
+from .format import FORMAT, Damaged, advice
 
 
 def save(path, payload):
@@ -36,19 +36,21 @@ def eval_json(path, split):
 def load(path, hint="checkpoint=PATH"):
     """The checked checkpoint dict at `path` (model and config; see checks.check_training for resuming):
     a .pt file of imagegen-train, a .safetensors file with its .json, or a shipped model's name.
-    hint: how the command names its checkpoint option, for the sentence about a missing file."""
+    hint: how the command names its checkpoint option, for the sentence about a missing file. A file that
+    cannot be used raises format.Damaged, which ends with what to do when it takes checkpoint=...; a
+    caller that takes none gives its own step with format.advice."""
     path = shipped.resolve(path)
     checks.check_path(path, hint)
     if path.suffix == ".safetensors":
-        return checks.check(shipped.read(path), path)
+        with advice(shipped.READ_FIX):
+            return checks.check(shipped.read(path), path)
     try:
         with warnings.catch_warnings():      # torch's note on a pickle protocol other than its own
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, foreign objects: all unreadable to us
         reason = checks.load_reason(e) if checks.torch_saved(path) else "it is another kind of file, or damaged"
-        raise UserError(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason}); "
-                        f"use another checkpoint, e.g. best.pt or last.pt from the run folder.") from None
+        raise Damaged(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason})") from None
     return checks.check(ck, path)
 
 

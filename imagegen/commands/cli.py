@@ -28,8 +28,8 @@ COMMAND_TABLE = {
         "imagegen.commands.train",
         "train a pixel-level autoregressive transformer; the same command again resumes from run_dir/last.pt.",
         ("model", "data", "preset"),
-        ("imagegen-train model=linear data.root=../shared/data/mnist train.max_minutes=15",
-         "imagegen-train model=softmax data=cifar10 data.root=../shared/data/cifar10 preset=paper_cifar",
+        ("imagegen-train model=linear train.max_minutes=15   # MNIST in $IMAGEGEN_DATA/mnist, else data/mnist",
+         "imagegen-train model=softmax data=cifar10 data.root=DIR preset=paper_cifar   # DIR holds cifar-10-batches-py",
          "torchrun --standalone --nproc_per_node=2 --no-python imagegen-train threads=1")),
     "eval": Command(
         "imagegen.commands.evaluate",
@@ -50,7 +50,7 @@ COMMAND_TABLE = {
          "imagegen-bench mode=attention threads=2",
          "imagegen-bench mode=train_step preset=small threads=2",
          "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000",
-         "imagegen-bench mode=paper data.root=../shared/data/mnist minutes=30   # softmax, linear, lsh, lsh4",
+         "imagegen-bench mode=paper data.root=DIR minutes=30   # softmax, linear, lsh, lsh4; DIR holds MNIST/raw",
          "imagegen-bench mode=paper quick=true threads=1   # the whole pipeline in about two minutes")),
     "plot": Command(
         "imagegen.commands.plot",

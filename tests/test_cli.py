@@ -215,3 +215,11 @@ def test_train_init_of_a_model_of_other_images_names_both_sets(mnist_root, cifar
     one_line_error(proc, f"train.init={mnist} is a model of mnist images (28x28, 1 channel) and this run trains on "
                          f"cifar10 (32x32, 3 channels); pass train.init a model of 32x32, 3 channels images")
     assert "damaged" not in proc.stderr and not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_home_folder_in_a_value_is_written_out(tmp_path, monkeypatch):
+    """data.root=~/pictures (the README's, docs/data.md's): no shell expands a ~ after `data.root=`, and
+    Hydra's grammar refused it ("LexerNoViableAltException: data.root=~/pictures")."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    proc = call("imagegen-data", "prepare", "data=folder", "data.root=~/pictures", "data.image_size=8")
+    one_line_error(proc, f"data.root {tmp_path / 'pictures'} does not exist")

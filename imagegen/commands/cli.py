@@ -1,4 +1,5 @@
 """What every entry point shares: Hydra wiring, typed-config checks, --help, devices, one-line errors."""
+import os
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -136,6 +137,13 @@ def compose(config_name, overrides):
                         f"every option and its type.") from None
 
 
+def expand_home(argv):
+    """key=~/DIR and key=~user/DIR with the home folder written out: the shell leaves a ~ after `data.root=`
+    as it is (data.root is no variable name), and Hydra's override grammar refuses a value that starts with ~."""
+    return [f"{a.partition('=')[0]}={os.path.expanduser(a.partition('=')[2])}"
+            if "=" in a and a.partition("=")[2].startswith("~") else a for a in argv]
+
+
 def override_keys(overrides):
     """The keys of key=value overrides (+key=, ~key= too), as typed."""
     return [a.lstrip("+~").partition("=")[0] for a in overrides if "=" in a]
@@ -249,7 +257,7 @@ def hydra_entry(config_name, task):
 
     def main():
         early_watch()
-        argv = sys.argv[1:]
+        sys.argv[1:] = argv = expand_home(sys.argv[1:])
         try:
             if "--help" in argv or "-h" in argv:
                 print(help_text(config_name, argv))

@@ -1,6 +1,7 @@
 """Every check of a loaded checkpoint (eval, sample, export, convert, compare and the resume of
 training share them), each failure one sentence, most of the form "PATH is damaged or was edited:
-WHAT; use another checkpoint ..." (`damaged`):
+WHAT; use another checkpoint ..." (`damaged`; a command that takes no checkpoint= says its own next step
+instead, through format.advice):
 
   check(ck, path)                    a loaded dict: format tag, config, weights, buildable (checkpoint.load's)
   check_path(path, hint)             a folder or a missing file, named as such (a folder's .pt files listed)

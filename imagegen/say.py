@@ -1,7 +1,29 @@
 """One line for the user on stderr, prefixed "imagegen:" (what a long step is doing, what was chosen
-and why), flushed at once so that it shows before the work it announces."""
+and why), flushed at once so that it shows before the work it announces, on a line of its own even while
+a progress bar is drawn (`apart_from_bars`); `wrapped` folds a longer sentence into lines a terminal shows
+whole."""
+import contextlib
 import sys
+import textwrap
+
+WIDTH = 100
 
 
 def say(line):
-    print(f"imagegen: {line}", file=sys.stderr, flush=True)
+    with apart_from_bars():
+        print(f"imagegen: {line}", file=sys.stderr, flush=True)
+
+
+def apart_from_bars():
+    """A context for writing to stderr while a tqdm progress bar may be drawn there: the bars are cleared
+    before and drawn again after, so the text starts a line of its own instead of following the bar's
+    (the kernel's fallback line, said from inside the sampling loop, read "sampling: 0%| | 0/28imagegen: ...").
+    Nothing to do where tqdm was never imported: there is no bar."""
+    tqdm = sys.modules.get("tqdm")
+    return tqdm.tqdm.external_write_mode(file=sys.stderr) if tqdm else contextlib.nullcontext()
+
+
+def wrapped(text, width=WIDTH):
+    """text folded into lines of at most `width` characters (a word longer than that, a path, stays whole),
+    the lines after the first indented by two spaces."""
+    return textwrap.fill(text, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)

@@ -87,7 +87,7 @@ def test_sample_says_labels_auto_draws_a_row_per_class(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     line = ("labels=auto: a row of nrow=8 images for each of the 10 classes (80 in all, not num_images); for "
             "num_images images pass label=N or labels=none.")
-    assert line in proc.stdout.splitlines(), proc.stdout
+    assert line in " ".join(proc.stdout.split()), proc.stdout      # folded into short lines
 
 
 @pytest.mark.parametrize("args,pattern", [
@@ -140,6 +140,25 @@ def test_weight_of_the_wrong_shape_is_named_with_both_shapes(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     bad = shipped_with(tmp_path / "bad.pt", **{"proj.bias": torch.zeros(7, 5)})
     one_line_error(call(cmd, f"checkpoint={bad}", *extra), "proj.bias is (7, 5) where the model needs (256)")
+
+
+def test_weights_out_of_range_are_an_edited_file_and_non_finite_ones_a_diverged_run(tmp_path):
+    """A weight of 3e38 (finite) sampled silently; NaN in a .safetensors model, which imagegen-convert
+    never writes, was called a run that diverged."""
+    from imagegen.store import checkpoint, shipped
+    big = shipped_with(tmp_path / "big.pt", **{"proj.bias": torch.full((256,), 3e38)})
+    one_line_error(call("imagegen-sample", f"checkpoint={big}", f"out={tmp_path / 'x.png'}"),
+                   f"{big} is damaged or was edited: weight proj.bias holds 3e+38, out of range")
+    nan = shipped_with(tmp_path / "nan.pt", **{"proj.bias": torch.full((256,), math.nan)})
+    one_line_error(call("imagegen-sample", f"checkpoint={nan}", f"out={tmp_path / 'x.png'}"),
+                   "holds non-finite weights (NaN or inf in proj.bias): the run diverged before this save")
+    ck = checkpoint.load("mnist-linear")
+    stem = tmp_path / "nan"
+    shipped.write(stem, ck["config"], {**ck["model"], "proj.bias": torch.full((256,), math.nan)}, {"guidance": 1.0})
+    proc = call("imagegen-sample", f"checkpoint={stem}.safetensors", f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, f"{stem}.safetensors is damaged or was edited: weight proj.bias holds NaN or inf, which "
+                         f"imagegen-convert never writes; convert the run's best.pt again")
+    assert "diverged" not in proc.stderr
 
 
 def test_plain_pickle_and_random_bytes_are_not_checkpoints(tmp_path):

@@ -204,3 +204,22 @@ def test_train_init_starts_from_given_weights(mnist_root, tmp_path):
                    "has another architecture than this run (model.d_model: 16 in checkpoint vs 32 now)")
     one_line_error(call("imagegen-train", *base, f"run_dir={tmp_path / 'e'}", "train.max_steps=1",
                         f"train.init={tmp_path / 'nope.pt'}"), "does not exist")
+
+
+def test_train_init_of_a_model_of_other_images_names_both_sets(mnist_root, cifar_root, tmp_path):
+    """An MNIST model as train.init of a CIFAR-10 run was called "damaged or was edited"; the file is intact."""
+    from fixtures import tiny_checkpoint
+    mnist = tiny_checkpoint(tmp_path / "mnist.pt")
+    proc = call("imagegen-train", "model=linear", *TINY, "data=cifar10", f"data.root={cifar_root}",
+                f"run_dir={tmp_path / 'run'}", f"train.init={mnist}")
+    one_line_error(proc, f"train.init={mnist} is a model of mnist images (28x28, 1 channel) and this run trains on "
+                         f"cifar10 (32x32, 3 channels); pass train.init a model of 32x32, 3 channels images")
+    assert "damaged" not in proc.stderr and not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_home_folder_in_a_value_is_written_out(tmp_path, monkeypatch):
+    """data.root=~/pictures (the README's, docs/data.md's): no shell expands a ~ after `data.root=`, and
+    Hydra's grammar refused it ("LexerNoViableAltException: data.root=~/pictures")."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    proc = call("imagegen-data", "prepare", "data=folder", "data.root=~/pictures", "data.image_size=8")
+    one_line_error(proc, f"data.root {tmp_path / 'pictures'} does not exist")

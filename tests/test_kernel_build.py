@@ -239,3 +239,19 @@ def test_build_command_builds_or_says_why_and_checks_its_argument():
     assert "Warning" not in proc.stderr, proc.stderr
     bad = subprocess.run([sys.executable, "-m", "imagegen.ops", "gpu"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "usage: python -m imagegen.ops [cpu|cuda] (got gpu)" in bad.stderr
+
+
+def test_build_command_help_and_its_error_alone(monkeypatch, capsys):
+    """--help printed usage and exited 1; a kernel that cannot be built printed the fallback line (meant for
+    commands that then run the chunked form) before its error, though nothing falls back here."""
+    import warnings
+    kernel_mod.main(["--help"])                               # returns: exit status 0
+    assert capsys.readouterr().out.startswith("usage: python -m imagegen.ops [cpu|cuda]\n")
+    monkeypatch.setenv("IMAGEGEN_DISABLE_KERNEL", "1")
+    monkeypatch.setattr(kernel_mod, "_modules", {})
+    monkeypatch.setattr(kernel_mod, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(SystemExit) as exit_:
+        warnings.simplefilter("always")
+        kernel_mod.main(["cpu"])
+    assert exit_.value.code == "error: the cpu kernel cannot be built: disabled by IMAGEGEN_DISABLE_KERNEL"
+    assert not caught and not capsys.readouterr().err

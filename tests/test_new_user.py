@@ -94,6 +94,25 @@ def test_sample_without_a_built_kernel_says_so_in_one_clean_line(tmp_path):
         proc.stderr
 
 
+def test_the_fallback_line_starts_a_line_of_its_own_under_a_progress_bar(tmp_path, monkeypatch):
+    """imagegen-sample in this process with no kernel built (an empty extension root): the line is said from
+    inside the sampling loop, whose bar it followed on the same line ("... 0/28 [00:00<?, ?row/s]imagegen: ...");
+    the bar is now cleared first. Shown as Python shows a warning by default (pytest records them instead)."""
+    import warnings
+    from imagegen.ops import build as kernel
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "no-build"))
+    monkeypatch.setattr(kernel, "_modules", {})
+    monkeypatch.setattr(kernel, "_warned", set())
+    monkeypatch.setattr(warnings, "showwarning", lambda message, category, filename, lineno, file=None, line=None:
+                        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line)))
+    proc = call("imagegen-sample", "num_images=2", "nrow=2", "label=3", "threads=1", "progress=true",
+                "precision=float32", f"out={tmp_path / 'x.png'}")
+    assert proc.returncode == 0, proc.stderr
+    notice = [ln for ln in proc.stderr.split("\n") if "falling back" in ln]
+    assert len(notice) == 1 and "sampling" in proc.stderr, proc.stderr       # the bar was drawn
+    assert notice[0].split("\r")[-1].startswith("imagegen: causal product kernel unavailable on cpu (not built yet")
+
+
 def test_the_fallback_warning_is_still_a_runtime_warning(monkeypatch):
     from imagegen.ops import build as kernel
     monkeypatch.setattr(kernel, "_warned", set())

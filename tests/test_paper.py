@@ -82,6 +82,17 @@ def test_bad_options_are_one_sentence(mnist_root, change, says):
         paper.check(bench_cfg(mnist_root, **change))
 
 
+def test_a_truncated_checkpoint_of_a_run_says_what_the_bench_can_do(mnist_root, tmp_path):
+    """It said "use another checkpoint, e.g. best.pt", which mode=paper takes no option for."""
+    run_dir = tmp_path / "runs" / "mnist-linear"
+    run_dir.mkdir(parents=True)
+    (run_dir / "last.pt").write_bytes(b"PK\x03\x04 half a checkpoint")
+    with pytest.raises(UserError) as e:
+        paper.status(bench_cfg(mnist_root), "linear", run_dir)
+    assert str(e.value).endswith(f"; remove the run folder {run_dir} and run the same command again to train that "
+                                 f"row anew.") and "best.pt" not in str(e.value)
+
+
 def test_hydra_values_round_trip():
     from hydra.core.override_parser.overrides_parser import OverridesParser
     parser = OverridesParser.create()

@@ -102,6 +102,18 @@ def test_hostile_checkpoint_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
+def test_a_truncated_last_pt_says_what_imagegen_train_can_do(mnist_root, tmp_path):
+    """Resuming from a truncated last.pt said "use another checkpoint, e.g. best.pt", which imagegen-train
+    takes no option for; the fix it names then works, and the damaged file is kept."""
+    (tmp_path / "last.pt").write_bytes(b"PK\x03\x04 half a checkpoint")
+    args = ["imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", "train.max_steps=1"]
+    proc = call(*args)
+    one_line_error(proc, f"{tmp_path / 'last.pt'} is not a readable checkpoint")
+    assert "start over with train.resume=false train.overwrite=true" in proc.stderr and "best.pt or" not in proc.stderr
+    assert call(*args, "train.resume=false", "train.overwrite=true").returncode == 0
+    assert [p.read_bytes() for p in tmp_path.glob("previous-*/last.pt")] == [b"PK\x03\x04 half a checkpoint"]
+
+
 def poisoned(kind):
     def change(payload):
         weights = dict(payload["model"])

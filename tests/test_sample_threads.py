@@ -39,7 +39,27 @@ def test_a_real_measurement_restores_the_thread_count(two_threads):
 def test_one_thread_machines_measure_nothing(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setattr(threads, "step_seconds", lambda *a: pytest.fail("measured on a 1-thread machine"))
-    assert threads.choose_threads(tiny(), 8)[0] == 1
+    assert threads.choose_threads(tiny(), 8) == (1, None)       # nothing measured, nothing to say
+
+
+def test_sample_says_its_thread_count_once_in_short_lines(tmp_path, monkeypatch, two_threads):
+    """With one core free, fit_threads said "1 thread, as 0 of 2 cores are free" and the sampler then said
+    "1 thread" again; the summary after was one line of 300 characters."""
+    from commands import call
+    from imagegen.commands import sample
+    from imagegen.tuning import threads as fit
+    monkeypatch.setattr(fit, "free_cores", lambda: 0)            # the other core busy
+    monkeypatch.setattr(fit, "DEFAULT", 2)
+    monkeypatch.setattr(fit, "_said", set())
+    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: torch.zeros(n, 784, dtype=torch.uint8))
+    monkeypatch.setattr(sample, "resolve_precision", lambda *a, **kw: torch.float32)
+    monkeypatch.setattr(sample, "precision_reason", lambda *a, **kw: ": " + "a long reason " * 20)
+    proc = call("imagegen-sample", "nrow=2", "progress=false", f"out={tmp_path / 'x.png'}")
+    assert proc.returncode == 0, proc.stderr
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert len([line for line in lines if "threads=0" in line]) == 1, lines
+    assert all(len(line) <= 120 for line in lines), lines
+    assert "a long reason" in proc.stdout
 
 
 def test_a_batch_that_cannot_fit_is_refused_before_measuring(monkeypatch):

@@ -236,3 +236,28 @@ def test_train_eval_sample(name, classes, tmp_path):
     proc = call("imagegen-sample", f"checkpoint={run_dir / 'best.pt'}", "labels=[1,99]" if classes == 100 else
                 "labels=[1,9]", "nrow=2", "progress=false", "threads=1", f"out={tmp_path / 'grid.png'}")
     assert "(4 tiles, 2 per row)" in proc.stdout and (tmp_path / "grid.png").exists(), proc
+
+
+@pytest.mark.parametrize("name,given,meant", [
+    ("mnist", "", "mnist"),                                   # one folder too high: data/, not data/mnist
+    ("mnist", "mnist/MNIST", "mnist"),                        # too low: the set's own folders
+    ("mnist", "mnist/MNIST/raw", "mnist"),
+    ("cifar10", "", "cifar10"),
+    ("cifar10", "cifar10/cifar-10-batches-py", "cifar10")])
+def test_data_root_one_folder_off_is_named(name, given, meant, tmp_path):
+    """data.root one folder above or below the set's files said only that the files were missing."""
+    from fixtures import write_cifar
+    (write_mnist if name == "mnist" else write_cifar)(tmp_path / meant)
+    (tmp_path / "other").mkdir()
+    proc = call("imagegen-data", "prepare", f"data={name}", f"data.root={tmp_path / given}", "data.download=false",
+                "grid_images=0")
+    one_line_error(proc, f"did you mean data.root={tmp_path / meant} (which holds them)?")
+    offline = call("imagegen-data", "prepare", f"data={name}", f"data.root={tmp_path / given}", "grid_images=0")
+    assert f"(did you mean data.root={tmp_path / meant}?)" in offline.stderr.splitlines()[-1]   # the mirror is closed
+
+
+def test_no_near_miss_where_no_folder_holds_the_set(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    proc = call("imagegen-data", "prepare", "data=mnist", f"data.root={tmp_path / 'a'}", "data.download=false")
+    one_line_error(proc, "pass data.download=true to fetch them")
+    assert "did you mean" not in proc.stderr

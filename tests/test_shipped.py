@@ -133,6 +133,14 @@ def test_no_shipped_config_names_a_path_of_the_machine_that_made_it():
         assert not absolute, f"{path.name} holds {absolute}"
 
 
+def test_every_shipped_model_may_fetch_its_data_from_the_official_address():
+    """mnist-linear recorded data.download true and cifar10-linear false: on a stranger's machine one fetched
+    its test set for mode=complete and eval, the other stopped."""
+    downloads = {p.stem: json.loads(p.read_text())["config"]["data"]["download"]
+                 for p in shipped.SHIPPED.glob("*.json")}
+    assert {"mnist-linear", "cifar10-linear"} <= set(downloads) and set(downloads.values()) == {True}, downloads
+
+
 def test_no_shipped_card_or_demo_file_names_a_path_of_the_machine_that_made_it():
     """The model cards (checkpoints/*.md) and the demo sites' .json files (docs/demo/**) travel too: no
     absolute path of a machine (/work/..., /home/..., ~/..., C:\\...) in a card's text or a demo's strings;

@@ -17,8 +17,44 @@ def test_help_describes_every_option(name):
     assert out.startswith(f"{command_name(name)}: ")
     for key, kind, text in describe(SCHEMAS[name]):
         assert text, f"{name}: {key} has no help sentence"
-        assert f"  {key}: {kind} = " in out and text in out, key
-    assert "examples:" in out
+        assert (f"  {key}: {kind} = " in out or f"  {key}: {kind}, required (e.g. {key}=" in out) and text in out, key
+    assert "examples:" in out and "???" not in out and "unused" not in out
+
+
+def test_required_options_show_as_required_with_an_example():
+    out = call("imagegen-convert", "--help").stdout
+    assert "  checkpoint: str, required (e.g. checkpoint=checkpoints/run/best.pt)\n" in out
+    assert "  out: str, required (e.g. out=checkpoints/my-model)\n" in out
+
+
+@pytest.mark.parametrize("cmd", [["imagegen-data", "prepare"], ["imagegen-plot"]])
+@pytest.mark.parametrize("key", ["threads=1", "device=cpu"])
+def test_commands_without_a_model_refuse_device_and_threads(cmd, key):
+    """imagegen-data prepare listed device and threads as "unused", and took them silently."""
+    one_line_error(call(*cmd, key), f"{' '.join(cmd)} takes no {key.split('=')[0]}=...: it runs no model")
+
+
+def test_overwrite_help_names_the_folder_the_old_run_goes_to(tmp_path):
+    from imagegen.training.rundir import set_aside
+    (tmp_path / "last.pt").write_bytes(b"old")
+    folder = set_aside(tmp_path, [tmp_path / "last.pt"])
+    prefix = folder.name.split("-")[0]                  # previous-20261128-001500 -> previous
+    out = call("imagegen-train", "--help").stdout
+    assert f"run_dir/{prefix}-<time>/" in out.split("train.overwrite:")[1].split("\n  train.")[0]
+
+
+def test_sample_help_says_a_grid_of_a_conditional_model_has_a_row_per_class():
+    mode = call("imagegen-sample", "--help").stdout.split("  mode: str = grid\n")[1].splitlines()[0]
+    assert "unconditional" not in mode and "a row per class" in mode
+
+
+def test_export_takes_what_its_help_says_a_shipped_name_and_a_safetensors_model(tmp_path):
+    from imagegen.commands.export import export
+    out = call("imagegen-export", "--help").stdout.split("  checkpoint: str")[1].splitlines()[1]
+    assert ".safetensors" in out and "shipped model" in out
+    written = export({"checkpoint": "mnist-linear", "out": str(tmp_path / "site"), "examples": 0,
+                      "data": {"root": None}})
+    assert "model.safetensors" in written
 
 
 def test_commands_take_only_their_config_groups():

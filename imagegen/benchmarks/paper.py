@@ -39,6 +39,7 @@ from ..files import write_bytes
 from ..paths import data_dir
 from ..sampling.decode import fill_recompute
 from ..store import checkpoint
+from ..store.format import advice
 from ..training.runstate import Budget, RunState
 from .compare import current_eval
 from .report import cpu_name, machine, markdown_table, write_outputs
@@ -142,7 +143,8 @@ def status(c, attention, run_dir):
     last = Path(run_dir) / "last.pt"
     if not last.exists():
         return "new", None
-    ck = checkpoint.load(last)
+    with advice(f"remove the run folder {run_dir} and run the same command again to train that row anew"):
+        ck = checkpoint.load(last)
     model, data = ck["config"]["model"], ck["config"]["data"]
     want, have = ({k: m.get(k) for k in ARCH_KEYS} for m in (c["model"], model))
     if want != have or data.get("name") != c["data"]["name"]:
@@ -278,7 +280,8 @@ def table_row(c, attention, run_dir, state, evaluate):
     if not best_path.exists():
         raise UserError(f"{run_dir} finished without a best.pt; remove that run folder and run the same "
                         f"command again.")
-    best_ck = checkpoint.load(best_path)
+    with advice(f"remove the run folder {run_dir} and run the same command again to train that row anew"):
+        best_ck = checkpoint.load(best_path)
     kept_path = Path(run_dir) / "paper-row.json"
     key = measured_with(c, best_path, best_ck)
     try:

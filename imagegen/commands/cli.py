@@ -1,4 +1,5 @@
 """What every entry point shares: Hydra wiring, typed-config checks, --help, devices, one-line errors."""
+import os
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -28,8 +29,8 @@ COMMAND_TABLE = {
         "imagegen.commands.train",
         "train a pixel-level autoregressive transformer; the same command again resumes from run_dir/last.pt.",
         ("model", "data", "preset"),
-        ("imagegen-train model=linear data.root=../shared/data/mnist train.max_minutes=15",
-         "imagegen-train model=softmax data=cifar10 data.root=../shared/data/cifar10 preset=paper_cifar",
+        ("imagegen-train model=linear train.max_minutes=15   # MNIST in $IMAGEGEN_DATA/mnist, else data/mnist",
+         "imagegen-train model=softmax data=cifar10 data.root=DIR preset=paper_cifar   # DIR holds cifar-10-batches-py",
          "torchrun --standalone --nproc_per_node=2 --no-python imagegen-train threads=1")),
     "eval": Command(
         "imagegen.commands.evaluate",
@@ -50,7 +51,7 @@ COMMAND_TABLE = {
          "imagegen-bench mode=attention threads=2",
          "imagegen-bench mode=train_step preset=small threads=2",
          "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000",
-         "imagegen-bench mode=paper data.root=../shared/data/mnist minutes=30   # softmax, linear, lsh, lsh4",
+         "imagegen-bench mode=paper data.root=DIR minutes=30   # softmax, linear, lsh, lsh4; DIR holds MNIST/raw",
          "imagegen-bench mode=paper quick=true threads=1   # the whole pipeline in about two minutes")),
     "plot": Command(
         "imagegen.commands.plot",
@@ -123,6 +124,9 @@ def compose(config_name, overrides):
                 raise UserError(config.unknown_option(attention, option)) from None
         if "not in" in first and key:
             typed = next((k for k in override_keys(overrides) if k == key or k.startswith(key + ".")), key)
+            if typed in ("device", "threads") and not COMMAND_TABLE[config_name].uses_device:
+                raise UserError(f"{command_name(config_name)} takes no {typed}=...: it runs no model; "
+                                f"drop it.") from None
             raise UserError(f"unknown option {typed!r}{did_you_mean(config_name, typed)}; {command_name(config_name)} "
                             f"--help lists the options.") from None
         if first.startswith("Could not append to config. An item is already at"):      # +key=value of a key there
@@ -131,6 +135,13 @@ def compose(config_name, overrides):
             raise UserError(f"{typed} is already an option: set it without the + ({typed}={value}).") from None
         raise UserError(f"{where.rstrip('.')}: {first.rstrip('.')}; {command_name(config_name)} --help lists "
                         f"every option and its type.") from None
+
+
+def expand_home(argv):
+    """key=~/DIR and key=~user/DIR with the home folder written out: the shell leaves a ~ after `data.root=`
+    as it is (data.root is no variable name), and Hydra's override grammar refuses a value that starts with ~."""
+    return [f"{a.partition('=')[0]}={os.path.expanduser(a.partition('=')[2])}"
+            if "=" in a and a.partition("=")[2].startswith("~") else a for a in argv]
 
 
 def override_keys(overrides):
@@ -169,12 +180,14 @@ def help_text(config_name, argv=()):
         lines.append("")
     lines.append("options (key: type = default; meaning):" if not chosen else
                  f"options (key: type = default with {' '.join(chosen)}; meaning):")
-    for key, kind, text in config.describe(config.SCHEMAS[config_name]):
+    for key, f in config.options(config.SCHEMAS[config_name]):
         value = cfg
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        lines.append(f"  {key}: {kind} = {value}")
-        lines.append(f"      {text}")
+        shown = (f", required (e.g. {key}={f.metadata.get('example', '...')})" if value == "???"   # Hydra's MISSING
+                 else f" = {value}")
+        lines.append(f"  {key}: {config.type_name(f.type)}{shown}")
+        lines.append(f"      {f.metadata.get('help', '')}")
     if "model" in groups:
         lines += [""] + attention_help(cfg["model"])
     if examples:
@@ -244,7 +257,7 @@ def hydra_entry(config_name, task):
 
     def main():
         early_watch()
-        argv = sys.argv[1:]
+        sys.argv[1:] = argv = expand_home(sys.argv[1:])
         try:
             if "--help" in argv or "-h" in argv:
                 print(help_text(config_name, argv))

@@ -16,6 +16,7 @@ from ..model.transformer import model_dims
 from ..precision import precision_reason, resolve_precision, slow_bf16_note
 from ..sampling.decode import completion_rows, generate, grid, name_rows, resolve_sampler, sampler_label, to_images
 from ..sampling.threads import choose_threads
+from ..say import wrapped
 
 
 def label_rows(cfg, num_classes):
@@ -71,8 +72,9 @@ def run_sample(cfg, device):
     rows = label_rows(cfg, num_classes) if cfg["mode"] == "grid" else None
     check_request_fits(cfg, info, label_rows=len(rows or []))
     if rows is not None and cfg["labels"] == "auto":
-        print(f"labels=auto: a row of nrow={cfg['nrow']} images for each of the {len(rows)} classes "
-              f"({len(rows) * cfg['nrow']} in all, not num_images); for num_images images pass label=N or labels=none.")
+        print(wrapped(f"labels=auto: a row of nrow={cfg['nrow']} images for each of the {len(rows)} classes "
+                      f"({len(rows) * cfg['nrow']} in all, not num_images); for num_images images pass label=N or "
+                      f"labels=none."))
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
@@ -85,7 +87,8 @@ def run_sample(cfg, device):
                   progress=cfg["progress"], dtype=dtype, guidance=guidance)
     def pick_threads(n):                     # threads=0: measured at the batch the loop will run
         if device.type == "cpu" and not cfg.get("threads") and sampler == "step":
-            print(choose_threads(model, min(cfg["batch_size"], n), dtype)[1])
+            if line := choose_threads(model, min(cfg["batch_size"], n), dtype)[1]:
+                print(wrapped(line))
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":
@@ -122,9 +125,10 @@ def run_sample(cfg, device):
     conditioning = ""
     if model.num_classes:
         conditioning = f", labels given, guidance {guidance:g}" if labels is not None else ", no labels"
-    print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}, "
-          f"{dtype_name(dtype)} (precision={cfg['precision']}{precision_reason(cfg['precision'], device, **measured)})"
-          f"{conditioning}: {len(seqs) / seconds:.2f} images/sec")
+    print(f"{len(seqs)} images in {seconds:.1f} s ({len(seqs) / seconds:.2f} images/sec): the {label} sampler, "
+          f"batch {cfg['batch_size']}, {dtype_name(dtype)}{conditioning}")
+    if why := precision_reason(cfg["precision"], device, **measured):
+        print(wrapped(f"precision={cfg['precision']} took {dtype_name(dtype)}{why}"))
 
 
 main = hydra_entry("sample", run_sample)

@@ -6,4 +6,4 @@ from .checks import (MAX_SEED, attention_options, check_classes, check_device, c
 from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,  # noqa: F401
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,
                      PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions, describe,
-                     opt, register, type_name)
+                     opt, options, register, type_name)

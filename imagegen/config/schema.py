@@ -11,11 +11,13 @@ from typing import Any, Dict, List, Optional
 
 
 
-def opt(default, help, **kw):
-    """A dataclass field with its one-sentence help."""
+def opt(default, help, example=None, **kw):
+    """A dataclass field with its one-sentence help; a required one (default MISSING) with an example value,
+    which --help shows in place of Hydra's ???."""
+    metadata = {"help": help, **({"example": example} if example else {})}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
 
 
 @dataclass
@@ -139,7 +141,7 @@ class TrainOptions:
                                     "be its own (model.context may add distances); a resumed run keeps its own weights")
     resume: bool = opt(True, "continue from run_dir/last.pt when it exists")
     overwrite: bool = opt(False, "with resume=false, start over in a run_dir that holds checkpoints (the old run's "
-                                 "files are moved into run_dir/replaced-<time>/)")
+                                 "files are moved into run_dir/previous-<time>/)")
     bf16: Any = opt("auto", "bfloat16 autocast: auto (where the hardware multiplies bfloat16 fast), true or false")
     progress: bool = opt(True, "show a progress bar (false: a one-line log every 30 s instead)")
 
@@ -160,7 +162,8 @@ class TrainConfig:
 class CheckpointCommand:
     """What eval and sample share: a checkpoint, where to run, and a dataset override."""
     checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train, a .safetensors model (with its .json) "
-                                   "or the name of a shipped model (mnist-linear, cifar10-linear)")
+                                   "or the name of a shipped model (mnist-linear, cifar10-linear)",
+                          example="mnist-linear")
     device: str = opt("auto", "auto, cpu, cuda or cuda:N")
     threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     progress: bool = opt(True, "show a progress bar")
@@ -187,7 +190,8 @@ class SampleConfig(CheckpointCommand):
     checkpoint: str = opt("mnist-linear", "a .pt checkpoint written by imagegen-train, a .safetensors model (with its "
                                           ".json) or the name of a shipped model; default: mnist-linear, shipped "
                                           "with imagegen")
-    mode: str = opt("grid", "grid: unconditional samples; complete: keep the top half of test images, sample the rest")
+    mode: str = opt("grid", "grid: a grid of samples (a class-conditional model: a row per class, see labels); "
+                                 "complete: keep the top half of test images, sample the rest")
     num_images: int = opt(64, "grid mode: images to sample")
     num_originals: int = opt(8, "complete mode: test images, one row each")
     completions: int = opt(5, "complete mode: samples per test image")
@@ -220,7 +224,9 @@ class SampleConfig(CheckpointCommand):
 
 @dataclass
 class ExportConfig:
-    checkpoint: str = opt(MISSING, "path of a .pt checkpoint of a linear model written by imagegen-train")
+    checkpoint: str = opt(MISSING, "a linear model: a .pt checkpoint written by imagegen-train, a .safetensors "
+                                   "model (with its .json) or the name of a shipped model (mnist-linear, "
+                                   "cifar10-linear)", example="checkpoints/run/best.pt")
     out: str = opt("site", "folder for index.html, the JavaScript sampler, model.safetensors and config.json")
     examples: int = opt(8, "test images included for the completion mode (0: none; skipped if the data is missing)")
     guidance: Optional[float] = opt(None, "class-conditional models: the page's default classifier-free guidance (1: "
@@ -238,8 +244,9 @@ class ExportConfig:
 
 @dataclass
 class ConvertConfig:
-    checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train (its averaged weights when it has them)")
-    out: str = opt(MISSING, "path without suffix: writes OUT.safetensors and OUT.json (e.g. checkpoints/my-model)")
+    checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train (its averaged weights when it has them)",
+                          example="checkpoints/run/best.pt")
+    out: str = opt(MISSING, "path without suffix: writes OUT.safetensors and OUT.json", example="checkpoints/my-model")
     guidance: float = opt(1.0, "the classifier-free guidance imagegen-sample uses for this model by default")
     check_images: int = opt(500, "score the first N test images with the converted file and record the bits/dim "
                                  "(0: skip)")
@@ -336,8 +343,6 @@ class PrepareConfig:
     nrow: int = opt(8, "images per row of the grid")
     scale: int = opt(2, "nearest-neighbour upscaling of the grid")
     progress: bool = opt(True, "show the conversion's progress bar")
-    device: str = opt("cpu", "unused: preparing data runs on the CPU")
-    threads: int = opt(0, "unused: preparing data runs on the CPU")
     data: DataConfig = field(default_factory=DataConfig)
 
 
@@ -360,15 +365,20 @@ def register():
 def describe(schema, prefix=""):
     """[(key, type name, help)] of every option of a schema, nested sections flattened (train.lr);
     sections marked hidden (composed for the presets' sake, never read) are left out."""
+    return [(key, type_name(f.type), f.metadata.get("help", "")) for key, f in options(schema, prefix)]
+
+
+def options(schema, prefix=""):
+    """[(key, dataclass field)] of every option of a schema, as describe lists them."""
     rows = []
     for f in fields(schema):
         if f.metadata.get("hidden"):
             continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         if is_dataclass(default):
-            rows += describe(type(default), f"{prefix}{f.name}.")
+            rows += options(type(default), f"{prefix}{f.name}.")
         else:
-            rows.append((prefix + f.name, type_name(f.type), f.metadata.get("help", "")))
+            rows.append((prefix + f.name, f))
     return rows
 
 

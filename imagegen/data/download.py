@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 
 from . import catalogue
-from .official import OFFICIAL, check_root, holds_other, missing_files
+from .official import OFFICIAL, check_root, holds_other, missing_files, near_miss
 from ..errors import UserError
 
 try:
@@ -147,7 +147,8 @@ def download(name, root, mirror=None, splits=("train", "test")):
     check_root(root)
     root = Path(root)
     train_files = sorted({split != "test" for split in splits})
-    where = f"{root}{holds_other(name, root)}"                  # root as the error sentences name it
+    near = near_miss(name, root)                                # root one folder off: the files are there
+    where = f"{root}{f' (did you mean data.root={near}?)' if near is not None else holds_other(name, root)}"
     if where != str(root):
         print(f"note: data.root {where}: {name} is fetched into it; pass data.root=... naming the {name} "
               f"folder if that is not what you want.")

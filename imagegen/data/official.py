@@ -104,8 +104,25 @@ def not_found(name, root, what, files):
     spec = OFFICIAL[name]
     urls = " ".join(spec.url + f for f in files)
     by_hand = f"into {Path(root) / spec.folder} by hand" if spec.idx else f"by hand and unpack it in {root}"
+    near = near_miss(name, root)
+    if near is not None:
+        return UserError(f"{spec.title} not found: {what}; did you mean data.root={near} (which holds them)?")
     return UserError(f"{spec.title} not found: {what}{holds_other(name, root)}; pass data.download=true to fetch "
                      f"them, or download {urls} {by_hand}, or point data.root at the folder holding {spec.folder}.")
+
+
+def near_miss(name, root, most=100):
+    """The folder data.root was likely meant to name, when name's files are not under root: one that holds
+    them (either split) among root's parents as deep as the set's folder (MNIST/raw: the parent and
+    grandparent, so root=X/MNIST/raw finds X) and root's subfolders (the first `most`; root=data finds
+    data/mnist), else None."""
+    root = Path(root).expanduser()
+    up = list(root.parents)[:len(Path(OFFICIAL[name].folder).parts)]
+    try:
+        down = sorted(p for p in root.iterdir() if p.is_dir())[:most] if root.is_dir() else []
+    except OSError:
+        down = []
+    return next((p for p in up + down if not all(missing_files(name, p, t) for t in (True, False))), None)
 
 
 def batches(spec, folder, train):

@@ -30,7 +30,7 @@ from ..lock import exclusive, fcntl   # fcntl is None on Windows: builds are not
 from ..paths import data_dir
 # the CPU's name is in the build key: a shared build folder never serves one CPU's code to another
 from ..tuning.machine import cpu_identity
-from ..say import say
+from ..say import apart_from_bars, say
 
 CSRC = data_dir("csrc")
 # CPU: one file per job (the numerator, the fused attention, the whole-model decoding step, its int8
@@ -213,8 +213,9 @@ def warn_fallback(what, device_type, why):
         warnings.formatwarning = lambda message, category, *where: (
             f"{message}\n" if issubclass(category, FallbackWarning) else shown(message, category, *where))
         try:
-            warnings.warn(f"imagegen: {what} unavailable on {device_type} ({why}); falling back to the chunked "
-                          f"PyTorch form.", FallbackWarning, stacklevel=5)
+            with apart_from_bars():          # said from inside a sampling loop: not glued to its progress bar
+                warnings.warn(f"imagegen: {what} unavailable on {device_type} ({why}); falling back to the chunked "
+                              f"PyTorch form.", FallbackWarning, stacklevel=5)
         finally:
             warnings.formatwarning = shown
 
@@ -246,10 +247,15 @@ def ensure_kernel(device_type):
 
 def main(argv):
     """`python -m imagegen.ops [cpu|cuda]`: build that kernel now (default cpu), or say why it cannot be."""
+    usage = f"usage: python -m imagegen.ops [{'|'.join(SOURCES)}]"
+    if argv in (["--help"], ["-h"]):
+        print(f"{usage}\nbuild the compiled kernel of the linear attention for that device now (default cpu), once "
+              f"for every later run, or say why it cannot be built.")
+        return
     if len(argv) > 1 or (argv and argv[0] not in SOURCES):
-        raise SystemExit(f"usage: python -m imagegen.ops [{'|'.join(SOURCES)}] (got {' '.join(argv)})")
+        raise SystemExit(f"{usage} (got {' '.join(argv)})")
     device_type = argv[0] if argv else "cpu"
-    why = ensure_kernel(device_type)
+    why = kernel_error(device_type)      # the error says it; no fallback line: nothing falls back here
     if why:
         raise SystemExit(f"error: the {device_type} kernel cannot be built: {why}")
     print(f"the {device_type} kernel is built")

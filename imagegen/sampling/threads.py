@@ -39,12 +39,13 @@ def step_seconds(model, batch, dtype, threads):
 
 def choose_threads(model, batch, dtype=None):
     """Set torch's thread count to the faster of its default and 1 for this model's step at this
-    batch; returns (threads, a line saying what was measured). A batch whose state cannot fit is
-    refused here, in the sampler's own sentence, before anything is allocated."""
+    batch; returns (threads, a line saying what was measured, or None: with one thread there is nothing to
+    measure, and fit_threads has said why, once). A batch whose state cannot fit is refused here, in the
+    sampler's own sentence, before anything is allocated."""
     check_batch_fits(model, batch, "step", next(model.parameters()).device)
     default = torch.get_num_threads()
     if default == 1:
-        return 1, "threads=0: 1 thread (the cores free at start, or torch's default)"
+        return 1, None
     if not probe.enabled():
         return default, f"threads=0: torch's default of {default} threads (IMAGEGEN_PROBE=0: not measured)"
     many, one = step_seconds(model, batch, dtype, default), step_seconds(model, batch, dtype, 1)

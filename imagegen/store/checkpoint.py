@@ -15,7 +15,7 @@ from .. import files
 from ..data.sets import dataset_info
 from ..errors import UserError
 from ..model.transformer import build_model
-from .format import FORMAT
+from .format import FORMAT, Damaged, advice
 
 
 def save(path, payload):
@@ -36,19 +36,21 @@ def eval_json(path, split):
 def load(path, hint="checkpoint=PATH"):
     """The checked checkpoint dict at `path` (model and config; see checks.check_training for resuming):
     a .pt file of imagegen-train, a .safetensors file with its .json, or a shipped model's name.
-    hint: how the command names its checkpoint option, for the sentence about a missing file."""
+    hint: how the command names its checkpoint option, for the sentence about a missing file. A file that
+    cannot be used raises format.Damaged, which ends with what to do when it takes checkpoint=...; a
+    caller that takes none gives its own step with format.advice."""
     path = shipped.resolve(path)
     checks.check_path(path, hint)
     if path.suffix == ".safetensors":
-        return checks.check(shipped.read(path), path)
+        with advice(shipped.READ_FIX):
+            return checks.check(shipped.read(path), path)
     try:
         with warnings.catch_warnings():      # torch's note on a pickle protocol other than its own
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, foreign objects: all unreadable to us
         reason = checks.load_reason(e) if checks.torch_saved(path) else "it is another kind of file, or damaged"
-        raise UserError(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason}); "
-                        f"use another checkpoint, e.g. best.pt or last.pt from the run folder.") from None
+        raise Damaged(f"{path} is not a readable checkpoint (truncated or not written by imagegen: {reason})") from None
     return checks.check(ck, path)
 
 
@@ -70,6 +72,7 @@ def initial_weights(spec, cfg):
     add sub-pixel distances to those the checkpoint has (each new embedding at zero, each old one kept
     with its distance, so the first step computes what the checkpoint did)."""
     ck = load(spec, hint="train.init=PATH")
+    check_same_images(spec, dataset_info(ck["config"]["data"]), dataset_info(cfg["data"]))
     then = {k: v for k, v in ck["config"]["model"].items() if k != "dropout"}
     now = {k: v for k, v in cfg["model"].items() if k != "dropout"}
     old, new = list(then.get("context") or []), list(now.get("context") or [])
@@ -84,3 +87,14 @@ def initial_weights(spec, cfg):
         zeros = torch.zeros(257, weights["tok.weight"].shape[1])
         weights.update({f"ctx.{i}.weight": kept.get(o, zeros).clone() for i, o in enumerate(new)})
     return weights
+
+
+def check_same_images(spec, then, now):
+    """train.init's model (of `then`, a DatasetInfo) takes this run's images (`now`) only at their size and
+    channels; another shape is a model of other data, named as such (not a damaged file)."""
+    def shape(info):
+        return f"{info.height}x{info.width}, {info.channels} channel{'s' if info.channels > 1 else ''}"
+    if (then.height, then.width, then.channels) != (now.height, now.width, now.channels):
+        raise UserError(f"train.init={spec} is a model of {then.name} images ({shape(then)}) and this run trains on "
+                        f"{now.name} ({shape(now)}); pass train.init a model of {shape(now)} images, or drop "
+                        f"train.init to start from random weights.")

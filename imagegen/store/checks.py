@@ -1,6 +1,7 @@
 """Every check of a loaded checkpoint (eval, sample, export, convert, compare and the resume of
 training share them), each failure one sentence, most of the form "PATH is damaged or was edited:
-WHAT; use another checkpoint ..." (`damaged`):
+WHAT; use another checkpoint ..." (`damaged`; a command that takes no checkpoint= says its own next step
+instead, through format.advice):
 
   check(ck, path)                    a loaded dict: format tag, config, weights, buildable (checkpoint.load's)
   check_path(path, hint)             a folder or a missing file, named as such (a folder's .pt files listed)
@@ -31,7 +32,7 @@ from ..data.sets import dataset_info
 from ..errors import UserError
 from ..tuning.machine import available_bytes
 from ..dtypes import dtype_name
-from .format import FORMAT, damaged
+from .format import FORMAT, MAX_WEIGHT, damaged
 
 MAX_STEP = 10 ** 9            # optimizer steps: far beyond any run; a larger count is an edited file
 MAX_ELAPSED = 10 ** 9         # seconds trained (about 32 years)
@@ -126,14 +127,22 @@ def check_config(ck, path):
 
 
 def check_weights(state_dict, path):
+    """A dict of floating-point tensors within MAX_WEIGHT. NaN or inf in a run's .pt is a run that diverged
+    (a step can save what the next step's loss check would have stopped); in a .safetensors model, which
+    imagegen-convert writes only from finite weights, and beyond MAX_WEIGHT anywhere, an edited file."""
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise damaged(path, "its weights are not a dict of tensors")
     for name, t in state_dict.items():
         if not t.is_floating_point():
             raise damaged(path, f"weight {name} holds {dtype_name(t.dtype)} values where floats belong")
         if not torch.isfinite(t).all():
+            if Path(path).suffix == ".safetensors":
+                raise damaged(path, f"weight {name} holds NaN or inf, which imagegen-convert never writes")
             raise UserError(f"{path} holds non-finite weights (NaN or inf in {name}): the run diverged before this "
                             f"save; use an earlier checkpoint (best.pt) or train again with a lower train.lr.")
+        if t.numel() and t.abs().max() > MAX_WEIGHT:
+            raise damaged(path, f"weight {name} holds {t.abs().max().item():.3g}, out of range (beyond "
+                                f"{MAX_WEIGHT:.3g}, where a weight's square overflows float32)")
 
 
 def check_training(ck, path):

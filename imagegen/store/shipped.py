@@ -21,11 +21,12 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..paths import data_dir
-from .format import FORMAT, damaged
+from .format import FORMAT, MAX_WEIGHT, damaged
 
 SHIPPED = data_dir("checkpoints")
 DEFAULT = "mnist-linear"          # what imagegen-sample draws from when no checkpoint is named
 MAX_CONFIG_BYTES = 1 << 20
+READ_FIX = "convert the run's best.pt again with imagegen-convert, or use another checkpoint"  # a .safetensors unread
 
 
 def names():
@@ -59,7 +60,7 @@ def read(path):
 
     path = Path(path)
     config_path = path.with_suffix(".json")
-    fix = "convert the run's best.pt again with imagegen-convert, or use another checkpoint."
+    fix = f"{READ_FIX}."
     if not config_path.is_file():
         raise UserError(f"{path} has no config beside it ({config_path.name} is missing); {fix}")
     try:
@@ -204,5 +205,6 @@ def check_int8(weights, path):
                 raise damaged(path, f"its int8 weight {name} is {tuple(t.shape)} with scales {name}{SCALE} of "
                                     f"{scale.dtype} {tuple(scale.shape)}, where a weight (in, out) takes "
                                     f"float32 scales (out,)")
-            if not (torch.isfinite(scale).all() and (scale > 0).all()):
-                raise damaged(path, f"its scales {name}{SCALE} are not all positive and finite")
+            if not ((scale > 0).all() and (scale <= MAX_WEIGHT / 127).all()):      # q * scale stays in range
+                raise damaged(path, f"its scales {name}{SCALE} are not all positive and finite up to "
+                                    f"{MAX_WEIGHT / 127:.3g} (the range imagegen-convert writes)")

@@ -25,6 +25,7 @@ from ..ops import auto_impl_line, ensure_kernel
 from ..precision import bf16_reason, use_bf16
 from ..sampling.decode import generate, grid, to_images
 from ..store import checkpoint
+from ..store.format import advice
 from ..store.checks import check_compatible, check_resumable, check_training, check_weights_fit
 from ..tuning import probe
 from ..tuning.allocator import keep_freed_memory
@@ -144,10 +145,13 @@ class Trainer:
             tqdm.write(text)
 
     def resume(self):
-        ck = checkpoint.load(self.last)
-        check_training(ck, self.last)
-        changed = check_compatible(ck, self.cfg, self.last)
-        check_resumable(ck, self.model, self.opt, self.last)
+        with advice(f"start over with train.resume=false train.overwrite=true (the run's files move into "
+                    f"{self.last.parent}/previous-<time>/), or start another run_dir from its best.pt with "
+                    f"train.init=PATH"):
+            ck = checkpoint.load(self.last)
+            check_training(ck, self.last)
+            changed = check_compatible(ck, self.cfg, self.last)
+            check_resumable(ck, self.model, self.opt, self.last)
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         if self.ema is not None:             # a run that turns the average on starts it from the weights
@@ -158,12 +162,9 @@ class Trainer:
                  + (f"; changed since: {', '.join(changed)}" if changed else ""))
 
     def start_from(self, spec):
-        weights = checkpoint.initial_weights(spec, self.cfg)
-        try:
+        with advice("pass another train.init, e.g. a run's best.pt, or drop train.init"):
+            weights = checkpoint.initial_weights(spec, self.cfg)   # the same architecture and image shape
             check_weights_fit(weights, self.model, spec)
-        except UserError as e:      # same settings, other data: the image size or channels differ
-            raise UserError(f"train.init={spec} does not fit this run's data {self.cfg['data']['name']} ({e}); "
-                            f"train on data of its image size and channels, or drop train.init.") from None
         self.model.load_state_dict(weights)
         if self.ema is not None:
             self.ema.load_state_dict(weights)

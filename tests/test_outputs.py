@@ -78,3 +78,18 @@ def test_a_suffix_that_names_no_writable_format_is_one_sentence(ck, tmp_path, na
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(UserError, match="end it in .png, .jpg or .webp"):
         image_format("x.docx")
+
+
+def test_a_fresh_run_in_the_run_dir_leaves_the_samplers_record_beside_its_images(tmp_path):
+    """train.overwrite=true moves a run's record aside (rundir.previous_files), but not the record of the
+    sample grids that stay beside the new checkpoints: sampling the new run again needs no overwrite=true."""
+    from imagegen.training import rundir
+    tiny_checkpoint(tmp_path / "best.pt")
+    assert call("imagegen-sample", f"checkpoint={tmp_path / 'best.pt'}", "num_images=2", "progress=false",
+                "threads=1").returncode == 0                                  # default out: best-grid.png beside it
+    old = rundir.previous_files(tmp_path)
+    assert [p.name for p in old] == ["best.pt"]
+    rundir.set_aside(tmp_path, old)
+    tiny_checkpoint(tmp_path / "best.pt")                                      # the new run's
+    assert call("imagegen-sample", f"checkpoint={tmp_path / 'best.pt'}", "num_images=2", "progress=false",
+                "threads=1").returncode == 0

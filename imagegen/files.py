@@ -10,13 +10,21 @@ the RuntimeError of torch's zip writer (a full disk seen from torch.save) alike.
 
   write_bytes(path, data, what)        data: bytes
   write_with(path, writer, what)       writer(f) writes into the binary file object f
-  write_image(path, image, what)       image: a PIL image, written as PNG
+  write_owned(path, data, what, overwrite)    write_bytes, refused over a file imagegen did not write there
+  image_format(path, mode)             the Pillow format path's suffix names; encode_image(image, fmt): its bytes
   write_folder(out, files, what, overwrite)   a folder of files, built beside `out` and swapped in
   write_error(path, e, kept, what)     the UserError for a failed write (also for folders: export)
   check_target(path, what)             a folder standing at path, or a file above it, refused up front
+  check_replaceable(out, files, ...)   the rule of write_owned and write_folder, checked up front
   TMP_GLOB                             the temporary files' pattern; a run dir's dead ones are removed
+
+Writers never replace what they did not write: write_owned and write_folder record what they write
+(names and SHA-256: OUTPUTS beside a file, MANIFEST inside a folder) and replace a file only when the
+record says that imagegen wrote it there and it has not changed since (or holds the bytes about to be
+written); anything else needs overwrite=True.
 """
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -126,12 +134,10 @@ def write_bytes(path, data, what="file", fix=FIX):
     return write_with(path, lambda f: f.write(data), what, fix)
 
 
-def write_image(path, image, what="image", fix=FIX):
-    """Write a PIL image as PNG to `path` atomically (never a 0-byte PNG after a full disk)."""
-    return write_with(path, lambda f: image.save(f, format="PNG"), what, fix, example="image.png")
-
-
 MANIFEST = ".imagegen-files.json"     # in a folder written by write_folder: {"files": {name: sha256}}
+OUTPUTS = ".imagegen-outputs.json"    # beside the files written by write_owned: {"files": {name: sha256}}
+# how Pillow writes a format: pictures of a few flat colours and sharp edges, kept sharp
+SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"lossless": True}}
 
 
 def sha256(path):
@@ -142,21 +148,25 @@ def sha256(path):
     return h.hexdigest()
 
 
-def written_before(out):
-    """{name: sha256} of the files an earlier write_folder put in `out` (empty when none or unreadable)."""
+def written_before(out, record=MANIFEST):
+    """{name: sha256} of the files an earlier write_folder (record=MANIFEST) or write_owned
+    (record=OUTPUTS) put in folder `out` (empty when none or unreadable)."""
     try:
-        record = json.loads((Path(out) / MANIFEST).read_text())
-        return {k: v for k, v in record["files"].items() if isinstance(k, str) and isinstance(v, str)
+        kept = json.loads((Path(out) / record).read_bytes())
+        return {k: v for k, v in kept["files"].items() if isinstance(k, str) and isinstance(v, str)
                 and "/" not in k and k not in (".", "..")}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
-def check_replaceable(out, files, what, overwrite):
-    """Refuse (UserError, nothing written) when `out` holds, under a name in `files`, a folder, or a
-    file that write_folder did not write there or that changed since (unless `overwrite`); a symlink
-    counts as not ours and is replaced, never written through."""
-    owned = written_before(out)
+def check_replaceable(out, files, what, overwrite, record=MANIFEST):
+    """Refuse (UserError, nothing written) when folder `out` holds, under a name in `files` ({name:
+    bytes to write, or None where not known yet}), a folder, or a file that imagegen did not write
+    there (by `record`) or that changed since, unless `overwrite` (a file already holding the bytes
+    to write is fine); a symlink counts as not ours and is replaced, never written through. Returns
+    the record's {name: sha256}."""
+    out = Path(out)
+    owned = written_before(out, record)
     folders, foreign = [], []
     for name, data in sorted(files.items()):
         p = out / name
@@ -166,16 +176,70 @@ def check_replaceable(out, files, what, overwrite):
             folders.append(name)
         elif p.is_symlink() or not p.is_file():
             foreign.append(name)
-        elif owned.get(name) != sha256(p) and hashlib.sha256(data).hexdigest() != sha256(p):
+        elif owned.get(name) != sha256(p) and (data is None or hashlib.sha256(data).hexdigest() != sha256(p)):
             foreign.append(name)
     if folders:
         raise UserError(f"{out} holds a folder named {', '.join(folders)} where the {what} writes a file; move it "
                         f"away or choose another out=... (nothing was written).")
     if foreign and not overwrite:
+        if len(files) == 1:
+            raise UserError(f"{out / foreign[0]} exists, and imagegen did not write it (or it changed since); pass "
+                            f"overwrite=true to replace it (a symlink is replaced, never written through), or "
+                            f"choose another out=... (nothing was written).")
+        them = "it" if len(foreign) == 1 else "them"
         raise UserError(f"{out} holds {', '.join(foreign)}, which imagegen did not write there or which changed "
-                        f"since; pass overwrite=true to replace them (a symlink is replaced, never written "
+                        f"since; pass overwrite=true to replace {them} (a symlink is replaced, never written "
                         f"through), or choose another out=... (nothing was written).")
     return owned
+
+
+def write_owned(path, data, what="file", overwrite=False, fix=FIX):
+    """write_bytes(path, data), refused as check_replaceable refuses (unless `overwrite`); the file's
+    name and SHA-256 are then recorded in OUTPUTS in its folder, so that the same command again
+    replaces it without asking. Returns path."""
+    path = Path(path)
+    check_target(path, what)
+    check_replaceable(path.parent, {path.name: data}, what, overwrite, OUTPUTS)
+    write_bytes(path, data, what, fix)
+    owned = written_before(path.parent, OUTPUTS)
+    owned = {name: digest for name, digest in owned.items() if (path.parent / name).is_file()}
+    owned[path.name] = hashlib.sha256(data).hexdigest()
+    try:
+        write_bytes(path.parent / OUTPUTS, (json.dumps({"files": owned}, indent=1) + "\n").encode(), "record")
+    except UserError as e:
+        raise UserError(f"wrote {path}, but could not record it in {path.parent / OUTPUTS} ({e}); the same command "
+                        f"again will need overwrite=true to replace it.") from None
+    return path
+
+
+def image_format(path, mode="RGB"):
+    """The Pillow format (PNG, JPEG, WEBP, ...) that path's suffix names, checked to write `mode`
+    images ("L" grey, "RGB" colour); a UserError sentence for any other suffix."""
+    from PIL import Image
+    suffix = Path(path).suffix.lower()
+    fmt = Image.registered_extensions().get(suffix)
+    if fmt not in Image.SAVE:
+        named = f"ends in {suffix}, which names no image format Pillow writes" if suffix else "has no suffix"
+        raise UserError(f"{path} {named}; end it in .png, .jpg or .webp (or another suffix Pillow writes) "
+                        f"(nothing was written).")
+    try:
+        encode_image(Image.new(mode, (2, 2)), fmt)
+    except UserError:
+        colour = "grey" if mode == "L" else "colour"
+        raise UserError(f"Pillow cannot write {colour} images as {fmt} ({suffix}); end {path} in .png, .jpg or "
+                        f".webp instead (nothing was written).") from None
+    return fmt
+
+
+def encode_image(image, fmt):
+    """A PIL image's bytes in Pillow format `fmt` (image_format's), UserError when Pillow cannot write it."""
+    buf = io.BytesIO()
+    try:
+        image.save(buf, format=fmt, **SAVE_OPTIONS.get(fmt, {}))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"Pillow cannot write this {image.mode} image as {fmt} ({e}); choose a .png out=... "
+                        f"(nothing was written).") from None
+    return buf.getvalue()
 
 
 def write_folder(out, files, what="site", overwrite=False, fix=FIX):

@@ -41,10 +41,30 @@ def exclusive(path, busy):
         os.close(fd)                          # closing releases the flock
 
 
-def folder_lock(folder, what="run_dir", name=".lock"):
-    """Hold `folder`/`name` for the body; a second holder gets a UserError naming the first."""
+@contextmanager
+def folder_lock(folder, what="run_dir", name=".lock", created=False):
+    """Hold `folder`/`name` for the body; a second holder gets a UserError naming the first.
+    created: this process made `folder` for the body, and removes it again (still holding the lock)
+    when the body leaves nothing in it but the lock (a run that failed before writing anything)."""
     def refuse(owner):
         who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}, since {owner.get('started', '?')}"
         raise UserError(f"{what} {folder} is in use by another imagegen process ({who}); wait for it to "
                         f"finish or choose another {what}.")
-    return exclusive(Path(folder) / name, refuse)
+    folder = Path(folder)
+    with exclusive(folder / name, refuse) as path:
+        try:
+            yield path
+        finally:
+            if created:
+                remove_if_only(folder, name)
+
+
+def remove_if_only(folder, name):
+    """Remove `folder` when it holds nothing but the file `name` (best effort: anything else that
+    appears there meanwhile keeps it)."""
+    try:
+        if os.listdir(folder) == [name]:
+            os.unlink(folder / name)
+            os.rmdir(folder)
+    except OSError:
+        pass

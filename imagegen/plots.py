@@ -68,7 +68,7 @@ def read_metrics(run_dir):
     if not path.is_file() or path.stat().st_size == 0:
         raise UserError(f"no metrics in {path} (missing or empty); pass run folders written by imagegen-train "
                         f"that have logged at least one step.")
-    text = path.read_text()
+    text = path.read_bytes().decode("utf-8", errors="replace")    # bytes that are not UTF-8: a line not JSON
     lines = text.splitlines()
     rows = []
     for i, line in enumerate(lines, 1):

@@ -11,7 +11,8 @@ import time
 
 import pytest
 import torch
-from commands import run
+from commands import call, one_line_error, run
+from fixtures import tiny_checkpoint, write_mnist
 from omegaconf import OmegaConf
 
 from imagegen import config
@@ -19,6 +20,7 @@ from imagegen.benchmarks import paper
 from imagegen.benchmarks.progress import apply_quick
 from imagegen.commands.cli import compose
 from imagegen.errors import UserError
+from imagegen.training.runstate import RunState
 
 ATTENTIONS = ["softmax", "linear", "lsh", "lsh4"]
 FILES = ("paper-mnist.json", "paper-mnist.md", "paper-mnist.png")
@@ -193,12 +195,149 @@ def test_stopped_halfway_and_run_again_gives_the_same_rows(finished, mnist_root,
 
 
 @pytest.mark.slow
-def test_a_run_that_fails_is_named_with_its_log(tmp_path):
-    proc = run("imagegen-bench", *bench_args(tmp_path / "out", tmp_path / "no-data"), "attentions=[linear]",
+def test_a_run_that_fails_is_named_with_its_log_once(tmp_path):
+    """Two runs failing alike: the end of the log shown once; no run kept, none claimed; no run dir left."""
+    write_mnist(tmp_path / "few", n_train=3)             # fewer training images than the quick batch of 4
+    out = tmp_path / "out"
+    proc = run("imagegen-bench", *bench_args(out, tmp_path / "few"), "attentions=[linear,softmax]", "jobs=1",
                check=False)
-    assert proc.returncode != 0 and "MNIST not found" in proc.stdout, proc.stdout
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: training failed for mnist-linear")
-    assert "1 at a time" in proc.stdout and not (tmp_path / "out" / "paper-mnist.json").exists()
+    assert proc.returncode != 0 and proc.stdout.count("fewer than train.batch_size=4") == 1, proc.stdout
+    assert "training mnist-softmax failed (exit status 1); its log ends as mnist-linear's did" in proc.stdout
+    one_line_error(proc, "error: training failed for mnist-linear, mnist-softmax (their logs are in")
+    assert "kept" not in proc.stderr and "1 at a time" in proc.stdout and not (out / "paper-mnist.json").exists()
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["mnist-linear.log", "mnist-softmax.log"]
+
+
+def test_missing_data_is_said_once_before_any_run_starts(tmp_path):
+    proc = call("imagegen-bench", *bench_args(tmp_path / "out", tmp_path / "no-data"))
+    one_line_error(proc, "MNIST not found")
+    assert "training " not in proc.stdout and not (tmp_path / "out" / "runs").exists()
+
+
+def test_a_failed_sweep_names_the_runs_it_keeps(mnist_root, tmp_path, monkeypatch):
+    c = bench_cfg(mnist_root, out_dir=str(tmp_path), attentions=["softmax", "linear", "lsh"])
+    (tmp_path / "runs" / "mnist-linear").mkdir(parents=True)
+    (tmp_path / "runs" / "mnist-linear" / "last.pt").write_bytes(b"a run stopped halfway")
+    monkeypatch.setattr(paper, "status", lambda c, a, d: ("new", None))
+    monkeypatch.setattr(paper, "sweep", lambda jobs, n: ["mnist-softmax"])
+    with pytest.raises(UserError, match=r"run the same command again \(linear kept: they resume or are reused\)\.$"):
+        paper.run(c, evaluate=None)
+    monkeypatch.setattr(paper, "sweep", lambda jobs, n: ["mnist-softmax", "mnist-linear", "mnist-lsh"])
+    with pytest.raises(UserError, match=r"run the same command again\.$"):
+        paper.run(c, evaluate=None)
+
+
+# ---------------------------------------------------------------- runs that are not what they claim (issue 45)
+def run_checkpoint(path, c, attention, options=None, data="mnist", step=32):
+    """A checkpoint of c's quick architecture with `attention` (model.attention) and its options, as a run
+    of `data` that stopped at `step`."""
+    from imagegen.data.sets import dataset_info
+    from imagegen.model.transformer import build_model
+    model = {**{k: c["model"][k] for k in paper.ARCH_KEYS}, "dropout": 0.0, "attention": attention,
+             "attention_options": options or {}}
+    cfg = {"model": model, "train": {"batch_size": 4},
+           "data": {"name": data, "root": "/nonexistent", "download": False, "val_fraction": 0.05, "split_seed": 0}}
+    state = {"step": step, "elapsed": 1.0, "epoch": 1, "seen": step * 4, "best_val": 1.0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tiny_checkpoint(path, config=cfg, state=state,
+                           model=lambda p: build_model(model, dataset_info(data)).state_dict())
+
+
+OWN = {"linear": ("linear", {}), "softmax": ("softmax", {}), "lsh": ("lsh", {}), "lsh4": ("lsh", {"n_hashes": 4})}
+
+
+@pytest.mark.parametrize("attention, have, says", [
+    ("linear", ("softmax", {}), "model.attention: 'softmax' in checkpoint vs 'linear' now"),
+    ("lsh4", ("lsh", {}), "model.attention_options"),
+    ("lsh", ("lsh", {"n_hashes": 4}), "model.attention_options"),
+    ("linear", ("linear", {"gate": "head"}), "model.attention_options"),
+])
+def test_a_run_copied_in_from_another_attention_is_refused(mnist_root, tmp_path, attention, have, says):
+    c = bench_cfg(mnist_root)
+    run_dir = tmp_path / "runs" / f"mnist-{attention}"
+    own = run_checkpoint(run_dir / "last.pt", c, *OWN[attention])
+    assert paper.status(c, attention, run_dir)[0] == "finished"                      # its own: a finished run
+    run_checkpoint(run_dir / "best.pt", c, *have)                                     # only best.pt copied in
+    with pytest.raises(UserError, match=f"best.pt is not a {attention} run of this comparison"):
+        paper.table_row(c, attention, run_dir, None, evaluate=None)
+    run_checkpoint(run_dir / "last.pt", c, *have)                                     # both copied in
+    with pytest.raises(UserError, match=f"last.pt is not a {attention} run of this comparison .*{says}.* move its "
+                                        f"run folder .*mnist-{attention} away"):
+        paper.status(c, attention, run_dir)
+    assert own.exists()                                                               # refused, nothing removed
+
+
+def test_a_run_of_other_data_is_refused(mnist_root, tmp_path):
+    c = bench_cfg(mnist_root)
+    run_checkpoint(tmp_path / "last.pt", c, "linear", data="fashion_mnist")
+    with pytest.raises(UserError, match="data: fashion_mnist in checkpoint vs mnist now"):
+        paper.status(c, "linear", tmp_path)
+
+
+def test_an_unreadable_kept_row_is_measured_again(mnist_root, tmp_path, capsys, monkeypatch):
+    c = bench_cfg(mnist_root)
+    run_checkpoint(tmp_path / "best.pt", c, "linear")
+    scored = []
+    monkeypatch.setattr(paper, "measure_speed", lambda model, c, info: {"sampler": "recurrent", "batch": 1,
+                                                                         "images_per_sec": 2.0,
+                                                                         "whole_image_seconds": 0.5})
+
+    def evaluate(path):
+        scored.append(path)
+        return {"bits_per_dim": 1.5, "images": 16}
+    state = RunState(step=32, elapsed=60.0)
+    row = paper.table_row(c, "linear", tmp_path, state, evaluate)
+    assert paper.table_row(c, "linear", tmp_path, state, evaluate) == row and len(scored) == 1   # kept, reused
+    kept = tmp_path / "paper-row.json"
+    key = json.loads(kept.read_text())["measured_with"]
+    for junk in (os.urandom(64) + b"\xff\xfe", b"[1, 2]", json.dumps({"measured_with": key, "row": {}}).encode()):
+        kept.write_bytes(junk)
+        capsys.readouterr()
+        assert paper.table_row(c, "linear", tmp_path, state, evaluate)["test_bits_per_dim"] == 1.5
+        assert f"linear: {kept} is unreadable" in capsys.readouterr().out
+    assert len(scored) == 4 and json.loads(kept.read_text())["row"]["attention"] == "linear"
+
+
+def test_paper_tables_refuse_an_unreadable_json_in_one_sentence(tmp_path):
+    from imagegen.benchmarks import paper_tables
+    paper_run(tmp_path / "m", "mnist", {"softmax": (2.0, 0.5), "linear": (20.0, None)})
+    (tmp_path / "m" / "paper-mnist.json").write_bytes(os.urandom(32) + b"\xff")
+    with pytest.raises(UserError, match="paper-mnist.json .* is unreadable or not what `imagegen-bench mode=paper` "
+                                        "writes"):
+        paper_tables.main([str(tmp_path / "m"), "--to", str(tmp_path / "x")])
+
+
+# ---------------------------------------------------------------- Ctrl-C while it starts (issue 45)
+# The console script's own two lines, after a line that says the interpreter is up (site imported)
+SCRIPT = """
+import sys
+print("up", flush=True)
+from imagegen.commands.scripts import bench
+sys.argv = ["imagegen-bench", *sys.argv[1:]]
+sys.exit(bench())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", [0.0, 0.3, 1.0, 2.5])
+def test_ctrl_c_while_starting_is_one_line_and_exit_130(mnist_root, tmp_path, after):
+    """SIGINT at some point of the start-up (imports of imagegen, Hydra, torch; the configs; the data
+    check; the first runs): `interrupted`, exit status 130, nothing left half-written."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, *bench_args(out, mnist_root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    try:
+        assert proc.stdout.readline() == "up\n"
+        time.sleep(after)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and err.strip() == "interrupted", (proc.returncode, err)
+    assert not list(out.rglob("*.tmp")) and not list(out.rglob(".*.tmp")) and not (out / "paper-mnist.json").exists()
+    assert not [d for d in out.glob("runs/*") if d.is_dir() and [p.name for p in d.iterdir()] == [".lock"]]
 
 
 def paper_run(out_dir, data, speeds):

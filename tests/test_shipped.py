@@ -108,7 +108,8 @@ def test_names_resolve_to_shipped_models_and_outputs_stay_out_of_the_package(run
     assert checkpoint.eval_json("tiny-digits", "test") == Path("tiny-digits.test.json")
     cfg = {"checkpoint": "tiny-digits", "mode": "grid", "num_images": 64, "num_originals": 2, "completions": 2,
            "originals": "first", "row_names": False,
-           "out": None, "nrow": 3, "scale": 1, "save_each": False, "sampler": "auto", "batch_size": 64,
+           "out": None, "nrow": 3, "scale": 1, "save_each": False, "overwrite": False, "sampler": "auto",
+           "batch_size": 64,
            "temperature": 1.0, "seed": 0, "precision": "float32", "label": None, "labels": "auto", "guidance": None,
            "progress": False, "data": {"root": str(mnist_root), "download": None, "mirror": None}}
     run_sample(cfg, torch.device("cpu"))

@@ -228,6 +228,18 @@ def test_refused_second_run_leaves_the_first_runs_config_record(mnist_root, tmp_
     assert "train.max_steps=100000" in (tmp_path / ".hydra" / "overrides.yaml").read_text()
 
 
+def test_a_run_that_fails_before_writing_anything_leaves_no_run_dir(tmp_path):
+    """Issue 45: a run dir this run created, holding nothing but its lock when the run fails, is removed;
+    a folder that was there before is left where it was."""
+    args = [*TRAIN, f"data.root={tmp_path / 'no-data'}", "data.download=false"]
+    one_line_error(call("imagegen-train", *args, f"run_dir={tmp_path / 'runs' / 'new'}"), "MNIST not found")
+    assert not (tmp_path / "runs" / "new").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    one_line_error(call("imagegen-train", *args, f"run_dir={mine}"), "MNIST not found")
+    assert mine.is_dir()
+
+
 # ---------------------------------------------------------------- resume checks
 @pytest.fixture(scope="module")
 def trained(mnist_root, tmp_path_factory):

@@ -41,8 +41,10 @@ def current_eval(path, ck, split, max_images):
     if not js.exists():
         return None
     try:
-        result = json.loads(js.read_text())
-    except json.JSONDecodeError:
+        result = json.loads(js.read_bytes())
+    except (OSError, ValueError):                   # unreadable (not UTF-8, not JSON): evaluated again
+        return None
+    if not isinstance(result, dict):
         return None
     same = {"split": split, "max_images": max_images or None, "checkpoint_mtime": path.stat().st_mtime,
             "checkpoint_step": ck.get("state", {}).get("step")}

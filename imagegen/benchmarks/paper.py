@@ -33,12 +33,13 @@ from pathlib import Path
 import torch
 
 from .. import plots
-from ..data.sets import dataset_info
+from ..data.sets import dataset_info, load_from_config
 from ..errors import UserError
 from ..files import write_bytes
 from ..paths import data_dir
 from ..sampling.decode import fill_recompute
 from ..store import checkpoint
+from ..store.checks import architecture_diffs
 from ..store.format import advice
 from ..training.runstate import Budget, RunState
 from .compare import current_eval
@@ -53,9 +54,13 @@ WHOLE_IMAGE_LIMIT_S = 120.0      # a recompute loop slower than this per image i
 SWEEP_KEYS = ("max_steps", "max_minutes", "clock", "progress", "resume", "overwrite")
 # what a run's checkpoint must agree on with the command for the sweep to resume or reuse it
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "num_classes")
-# the child: imagegen-train, stopping (and saving) as on SIGTERM when the sweep dies
+# the numbers of a table row (report, plot_png); a kept row without them is measured again
+ROW_NUMBERS = ("steps", "train_minutes", "test_bits_per_dim", "test_images", "batch", "images_per_sec",
+               "whole_image_seconds")
+# the child: imagegen-train (its console script: a stop while it starts is one line too), stopping (and
+# saving) as on SIGTERM when the sweep dies
 CHILD = ("import sys; from imagegen.training.signals import watch_parent; watch_parent(); "
-         "from imagegen.commands.train import main; sys.argv[0] = 'imagegen-train'; main()")
+         "from imagegen.commands.scripts import train; sys.argv[0] = 'imagegen-train'; train()")
 
 
 def model_names():
@@ -116,7 +121,7 @@ def train_args(c, attention, run_dir):
     """imagegen-train's command line for one attention: its model group, the bench's architecture,
     data and train.* (the preset's), the shared seed and budget."""
     max_steps, max_minutes = budget(c)
-    data = {**c["data"], "root": str(Path(c["data"]["root"]).expanduser().resolve())}
+    data = run_data(c)
     args = [f"model={attention}"]
     if (CONF_DIR / "data" / f"{data['name']}.yaml").exists():
         args.append(f"data={data['name']}")
@@ -131,27 +136,61 @@ def train_args(c, attention, run_dir):
     return args
 
 
+def run_data(c):
+    """The data section every run trains on (its root absolute)."""
+    return {**c["data"], "root": str(Path(c["data"]["root"]).expanduser().resolve())}
+
+
+def check_data(c):
+    """Read (or download) the runs' data once, before any run starts: a set that is missing or cannot be
+    downloaded is one sentence here, not the same failure once per run, and the runs never download
+    it side by side."""
+    load_from_config(run_data(c), ("train", "test"))
+
+
 def dataset_keys():
     from dataclasses import fields
     from ..config import DataConfig
     return {f.name for f in fields(DataConfig)}
 
 
+def run_model(c, attention):
+    """The model settings that `attention`'s run is trained with: the bench's architecture (ARCH_KEYS),
+    and the attention and options that its conf/model/<attention>.yaml sets."""
+    from omegaconf import OmegaConf
+    spec = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{attention}.yaml"))
+    return {**{k: c["model"][k] for k in ARCH_KEYS if k in c["model"]}, "attention": spec["attention"],
+            "attention_options": spec.get("attention_options") or {}}
+
+
+def check_run(c, attention, path, ck):
+    """Refuse (one sentence) a checkpoint in `attention`'s run dir that was not trained as this
+    comparison trains that attention: another attention or its options, architecture or data (a run
+    copied in, or one of an earlier comparison with other settings), read from its own config."""
+    diffs = architecture_diffs(ck["config"]["model"], run_model(c, attention))
+    have = ck["config"]["data"].get("name")
+    if have != c["data"]["name"]:
+        diffs.append(f"data: {have} in checkpoint vs {c['data']['name']} now")
+    if diffs:
+        raise UserError(f"{path} is not a {attention} run of this comparison ({'; '.join(diffs)}); move its run "
+                        f"folder {Path(path).parent} away (the same command then trains {attention} there afresh), "
+                        f"or choose another out_dir=....")
+
+
+def retrain_advice(run_dir):
+    """What a damaged checkpoint of a comparison's run dir calls for (store.format.advice)."""
+    return f"remove the run folder {run_dir} and run the same command again to train that row anew"
+
+
 def status(c, attention, run_dir):
-    """(state, last checkpoint's RunState or None): state is new, unfinished or finished. A run of
-    another architecture or data in this run dir is refused (one sentence)."""
+    """(state, last checkpoint's RunState or None): state is new, unfinished or finished. A run that
+    is not this comparison's `attention` in this run dir is refused (check_run)."""
     last = Path(run_dir) / "last.pt"
     if not last.exists():
         return "new", None
-    with advice(f"remove the run folder {run_dir} and run the same command again to train that row anew"):
+    with advice(retrain_advice(run_dir)):
         ck = checkpoint.load(last)
-    model, data = ck["config"]["model"], ck["config"]["data"]
-    want, have = ({k: m.get(k) for k in ARCH_KEYS} for m in (c["model"], model))
-    if want != have or data.get("name") != c["data"]["name"]:
-        diff = [k for k in ARCH_KEYS if want[k] != have[k]] + (["data"] if data.get("name") != c["data"]["name"]
-                                                               else [])
-        raise UserError(f"{run_dir} holds a run of another architecture or data (differs in {', '.join(diff)}); "
-                        f"choose another out_dir=... for this comparison, or remove that run.")
+    check_run(c, attention, last, ck)
     state = RunState.from_dict(ck["state"], ck["config"]["train"]["batch_size"])
     return ("finished" if Budget(*budget(c)).spent(state) else "unfinished"), state
 
@@ -170,7 +209,7 @@ def sweep(jobs, n_slots):
     """Run jobs [(name, argv, log path)] as subprocesses, at most n_slots at once. SIGINT / SIGTERM
     are forwarded to the running ones (they save and exit), no new one starts, and KeyboardInterrupt
     is raised once they are gone. Returns the names of the jobs that failed on their own."""
-    pending, running, failed, stop = list(jobs), {}, [], []
+    pending, running, failed, stop, said = list(jobs), {}, [], [], {}
 
     def forward(signum, frame):
         if not stop:
@@ -206,8 +245,11 @@ def sweep(jobs, n_slots):
                     print(f"trained {name} ({time.perf_counter() - started:.0f} s)", flush=True)
                 elif not stop:
                     failed.append(name)
-                    print(f"training {name} failed (exit status {code}); the end of its log:\n"
-                          f"{tail(log.name)}", flush=True)
+                    end = tail(log.name)
+                    print(f"training {name} failed (exit status {code}); " + (
+                        f"its log ends as {said[end]}'s did" if end in said else f"the end of its log:\n{end}"),
+                        flush=True)
+                    said.setdefault(end, name)
             time.sleep(0.1)
     finally:
         for s, handler in previous.items():
@@ -274,22 +316,39 @@ def measured_with(c, best_path, best_ck):
             "cpu": cpu_name()}
 
 
+def kept_row(path, key, attention):
+    """The row kept in `path` (a run's paper-row.json) when it was measured with `key` (measured_with),
+    else None: none kept, measured for another best.pt or settings, or unreadable (said in one line:
+    bytes that are not the JSON table_row wrote, or a row without its numbers)."""
+    if not path.exists():
+        return None
+    try:
+        kept = json.loads(path.read_bytes())
+        if kept["measured_with"] != key:
+            return None
+        row = kept["row"]
+        if row["attention"] == attention and all(isinstance(row[k], (int, float)) and not isinstance(row[k], bool)
+                                                 for k in ROW_NUMBERS):
+            return row
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    print(f"{attention}: {path} is unreadable (not the row this command wrote); measuring the row again", flush=True)
+    return None
+
+
 def table_row(c, attention, run_dir, state, evaluate):
     """The table's row of one finished run: kept in run_dir/paper-row.json, or measured now."""
     best_path = Path(run_dir) / "best.pt"
     if not best_path.exists():
         raise UserError(f"{run_dir} finished without a best.pt; remove that run folder and run the same "
                         f"command again.")
-    with advice(f"remove the run folder {run_dir} and run the same command again to train that row anew"):
+    with advice(retrain_advice(run_dir)):
         best_ck = checkpoint.load(best_path)
+    check_run(c, attention, best_path, best_ck)
     kept_path = Path(run_dir) / "paper-row.json"
     key = measured_with(c, best_path, best_ck)
-    try:
-        kept = json.loads(kept_path.read_text())
-        if kept.get("measured_with") == key:
-            return kept["row"]
-    except (OSError, json.JSONDecodeError, AttributeError):
-        pass
+    if (kept := kept_row(kept_path, key, attention)) is not None:
+        return kept
     scored = current_eval(best_path, best_ck, "test", c["max_images"]) or evaluate(best_path)
     model = checkpoint.model_from_checkpoint(best_ck, best_path).eval()
     info = dataset_info(best_ck["config"]["data"])
@@ -377,12 +436,15 @@ def run(c, evaluate):
           f"{out / 'runs'}" + (f"; finished already: {', '.join(done)}" if done else "")
           + (f"; resuming: {', '.join(resuming)}" if resuming else ""), flush=True)
     if todo:
+        check_data(c)
         jobs = [(run_name(c, a), [sys.executable, "-c", CHILD, *train_args(c, a, runs[a])],
                  out / "runs" / f"{run_name(c, a)}.log") for a in todo]
         failed = sweep(jobs, n_slots)
         if failed:
+            kept = [a for a in c["attentions"] if run_name(c, a) not in failed and (runs[a] / "last.pt").exists()]
             raise UserError(f"training failed for {', '.join(failed)} (their logs are in {out / 'runs'}); fix the "
-                            f"cause and run the same command again (the other runs are kept).")
+                            f"cause and run the same command again"
+                            + (f" ({', '.join(kept)} kept: they resume or are reused)." if kept else "."))
         states = {a: status(c, a, d) for a, d in runs.items()}
         unfinished = [a for a in c["attentions"] if states[a][0] != "finished"]
         if unfinished:

@@ -17,6 +17,9 @@ from ..files import write_bytes
 from .report import markdown_table
 
 
+NUMBERS = ("test_bits_per_dim", "images_per_sec", "whole_image_seconds")     # what every row must hold
+
+
 def load(out_dir):
     """(payload, markdown, png bytes) of the one paper-<data>.json in out_dir."""
     found = sorted(Path(out_dir).glob("paper-*.json"))
@@ -24,7 +27,16 @@ def load(out_dir):
         raise UserError(f"{out_dir} holds {len(found)} paper-<data>.json files, not one; pass the out_dir of one "
                         f"finished `imagegen-bench mode=paper` run.")
     path = found[0]
-    return json.loads(path.read_text()), path.with_suffix(".md").read_text(), path.with_suffix(".png").read_bytes()
+    try:
+        payload = json.loads(path.read_bytes())
+        rows = payload["rows"]
+        if not (rows and all(isinstance(r, dict) and {"data", "attention"} <= set(r)
+                             and all(isinstance(r.get(k), (int, float)) for k in NUMBERS) for r in rows)):
+            raise ValueError("rows without their numbers")
+        return payload, path.with_suffix(".md").read_text(errors="replace"), path.with_suffix(".png").read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{path} (or the .md or .png beside it) is unreadable or not what `imagegen-bench mode=paper` "
+                        f"writes; run that command again for {out_dir} to write them anew.") from None
 
 
 def ratios(rows):

@@ -228,20 +228,30 @@ def early_watch():
         sys.exit(f"error: {e}")
 
 
+def interrupted():
+    """Ctrl-C (or a stop the command turned into KeyboardInterrupt): one line, exit status 130."""
+    print("interrupted", file=sys.stderr, flush=True)
+    sys.exit(130)
+
+
 def launcher(config_name):
     """The console script's main(): --help printed from the typed configs (hydra and omegaconf, no
-    torch: well under a second), anything else handed to the command module's own `main`."""
+    torch: well under a second), anything else handed to the command module's own `main`. Ctrl-C at
+    any point, the imports of torch and Hydra included, ends it with one line (`interrupted`)."""
     def main():
-        early_watch()
-        if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
-            config.register()
-            try:
-                print(help_text(config_name, sys.argv[1:]))
-            except UserError as e:
-                sys.exit(f"error: {e}")
-            return
-        import importlib
-        importlib.import_module(COMMAND_TABLE[config_name].module).main()
+        try:
+            early_watch()
+            if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+                config.register()
+                try:
+                    print(help_text(config_name, sys.argv[1:]))
+                except UserError as e:
+                    sys.exit(f"error: {e}")
+                return
+            import importlib
+            importlib.import_module(COMMAND_TABLE[config_name].module).main()
+        except KeyboardInterrupt:
+            interrupted()
     return main
 
 
@@ -280,7 +290,7 @@ def hydra_entry(config_name, task):
             except UserError as e:
                 sys.exit(f"error: {e}")
             except KeyboardInterrupt:
-                sys.exit("interrupted")
+                interrupted()
             except OSError as e:             # disk full, read-only folder, ...: what failed, in one line
                 where = f" ({e.filename})" if e.filename else ""
                 sys.exit(f"error: {e.strerror or e}{where}; free space or fix the folder's permissions, "

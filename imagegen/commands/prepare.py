@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data import imagecache, source
-from .cli import hydra_entry
+from .cli import hydra_entry, interrupted
 from ..errors import UserError
 
 VERBS = ("prepare",)
@@ -115,7 +115,10 @@ def main():
         sys.exit(f"error: imagegen-data needs a verb{got}: imagegen-data prepare data.root=DIR data.image_size=S; "
                  f"see imagegen-data prepare --help.")
     sys.argv = [sys.argv[0]] + args[1:]
-    _main()
+    try:
+        _main()
+    except KeyboardInterrupt:                # in Hydra's own start-up: the same one line
+        interrupted()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """imagegen-sample: image grids and completions from a checkpoint (options: config.SampleConfig)."""
+import os
 import time
 from pathlib import Path
 
@@ -8,10 +9,11 @@ from ..store import checkpoint, shipped
 from .cli import hydra_entry
 from ..config import check_sample, class_numbers
 from ..data.sets import dataset_info, load_from_config
-from ..files import check_target, write_image
+from ..files import OUTPUTS, check_replaceable, check_target, encode_image, image_format, write_folder, write_owned
 from ..memory import check_request_fits
 from ..ops.build import prebuilt_only
 from ..dtypes import dtype_name
+from ..errors import UserError
 from ..model.transformer import model_dims
 from ..precision import precision_reason, resolve_precision, slow_bf16_note
 from ..sampling.decode import completion_rows, generate, grid, name_rows, resolve_sampler, sampler_label, to_images
@@ -59,14 +61,36 @@ def default_out(path, mode):
     return Path(name) if shipped.is_shipped(path) else path.with_name(name)
 
 
+def each_names(out, n):
+    """save_each=true: the folder <out without its suffix>/ and its n file names (0000.png, ...)."""
+    return out.with_suffix(""), [f"{i:04d}{out.suffix}" for i in range(n)]
+
+
+def check_outputs(cfg, out, n=None):
+    """Refuse, before sampling, what the end would refuse (files.check_replaceable): a file at out,
+    or (n given, save_each=true) one of n files in its folder, that imagegen did not write there or
+    that changed since, unless overwrite=true."""
+    check_replaceable(out.parent, {out.name: None}, "sample grid", cfg["overwrite"], OUTPUTS)
+    if n is None or not cfg["save_each"]:
+        return
+    folder, names = each_names(out, n)
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise UserError(f"save_each=true writes each image into the folder {folder}, but {folder} is a file; move "
+                        f"it away or choose another out=... (nothing was written).")
+    if folder.is_dir():
+        check_replaceable(folder, dict.fromkeys(names), "samples", cfg["overwrite"])
+
+
 def run_sample(cfg, device):
     check_sample(cfg)
     prebuilt_only()                          # never wait for the C++ kernel's first compile here
     path = shipped.resolve(cfg["checkpoint"])
     out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
     check_target(out, "sample grid", f"{cfg['mode']}.png")
+    check_outputs(cfg, out)
     ck = checkpoint.load(path)
     info = dataset_info(ck["config"]["data"])
+    fmt = image_format(out, "L" if info.channels == 1 else "RGB")
     num_classes = ck["config"]["model"]["num_classes"]
     cfg = labels_given(cfg, num_classes, info.class_names)
     rows = label_rows(cfg, num_classes) if cfg["mode"] == "grid" else None
@@ -85,7 +109,8 @@ def run_sample(cfg, device):
     guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
     common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
                   progress=cfg["progress"], dtype=dtype, guidance=guidance)
-    def pick_threads(n):                     # threads=0: measured at the batch the loop will run
+    def before_sampling(n):                  # the outputs checked again; threads=0: measured at the batch the loop runs
+        check_outputs(cfg, out, n)
         if device.type == "cpu" and not cfg.get("threads") and sampler == "step":
             if line := choose_threads(model, min(cfg["batch_size"], n), dtype)[1]:
                 print(wrapped(line))
@@ -94,7 +119,7 @@ def run_sample(cfg, device):
     if cfg["mode"] == "grid":
         labels, n = grid_labels(cfg, model)
         nrow = cfg["nrow"]
-        pick_threads(n)
+        before_sampling(n)
         seqs = generate(model, n, desc=f"{label} sampling", labels=labels, **common)
         images = to_images(seqs, info)
         rows = label_rows(cfg, model.num_classes)
@@ -107,7 +132,7 @@ def run_sample(cfg, device):
         keep = info.height // 2
         prefix = originals[:, : keep * info.width * info.channels].repeat_interleave(k, dim=0)
         labels = classes.repeat_interleave(k) if model.num_classes and cfg["labels"] not in ("none", None) else None
-        pick_threads(len(prefix))
+        before_sampling(len(prefix))
         seqs = generate(model, len(prefix), prefix=prefix, desc=f"{label} completing", labels=labels, **common)
         completions = to_images(seqs, info).reshape(len(originals), k, info.height, info.width, info.channels)
         images = completion_rows(to_images(originals, info), completions, keep)
@@ -115,13 +140,14 @@ def run_sample(cfg, device):
         names = [info.class_names[c] for c in classes] if model.num_classes and cfg["row_names"] else None
     seconds = time.perf_counter() - start
     picture = grid(images, nrow=nrow, scale=cfg["scale"])
-    write_image(out, name_rows(picture, names) if names else picture, "sample grid")
-    if cfg["save_each"]:
-        folder = out.with_suffix("")
-        folder.mkdir(exist_ok=True)
-        for i, img in enumerate(to_images(seqs, info)):
-            write_image(folder / f"{i:04d}.png", grid(img[None], nrow=1, scale=cfg["scale"], pad=0), "sample")
+    write_owned(out, encode_image(name_rows(picture, names) if names else picture, fmt), "sample grid",
+                cfg["overwrite"])
     print(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
+    if cfg["save_each"]:
+        folder, names = each_names(out, len(seqs))
+        each = [encode_image(grid(img[None], nrow=1, scale=cfg["scale"], pad=0), fmt) for img in to_images(seqs, info)]
+        write_folder(folder, dict(zip(names, each)), "samples", cfg["overwrite"])
+        print(f"wrote {len(each)} images into {folder}")
     conditioning = ""
     if model.num_classes:
         conditioning = f", labels given, guidance {guidance:g}" if labels is not None else ", no labels"

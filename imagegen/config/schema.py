@@ -199,10 +199,17 @@ class SampleConfig(CheckpointCommand):
                                 "row per class, and completions)")
     originals: str = opt("first", "complete mode: first (the first num_originals test images) or per_class (the "
                                   "first test image of each class, one row each)")
-    out: Optional[str] = opt(None, "PNG to write (null: <checkpoint stem>-<mode>.png beside the checkpoint)")
+    out: Optional[str] = opt(None, "image to write, in the format its suffix names (.png, .jpg, .webp or another "
+                                   "Pillow writes; null: <checkpoint stem>-<mode>.png beside the checkpoint)")
     nrow: int = opt(8, "grid mode: images per row")
     scale: int = opt(4, "nearest-neighbour upscaling of the PNG")
-    save_each: bool = opt(False, "also write one PNG per sampled image into <out without .png>/")
+    save_each: bool = opt(False, "also write each sampled image, in out's format, into the folder <out without its "
+                                 "suffix>/ (0000.png, 0001.png, ...)")
+    overwrite: bool = opt(False, "replace a file at out (or, with save_each, in its folder) that imagegen did not "
+                                 "write there or that changed since; without it such a file is refused (what "
+                                 "imagegen-sample writes is recorded by name and SHA-256 in .imagegen-outputs.json "
+                                 "beside out and .imagegen-files.json in the folder, so the same command again "
+                                 "replaces its own files)")
     sampler: str = opt("auto", "auto (step when the attention can, else recompute), step or recompute")
     batch_size: int = opt(64, "images sampled together")
     temperature: float = opt(1.0, "sampling temperature (> 0; 1 samples the model's distribution)")

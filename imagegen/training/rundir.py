@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..files import write_bytes
+from ..files import OUTPUTS, write_bytes
 
 CHECKPOINTS = ("last.pt", "best.pt")
 # A run's own record, besides its checkpoints: moved aside together when a fresh run starts
@@ -22,7 +22,9 @@ RECORD_GLOBS = ("last.pt", "best.pt", "*.json", "metrics.jsonl", "events.out.tfe
 
 
 def previous_files(run_dir):
-    return sorted({p for pattern in RECORD_GLOBS for p in Path(run_dir).glob(pattern)})
+    """The run's own record; not imagegen-sample's record of the images it wrote beside the checkpoints
+    (files.OUTPUTS), which stay where they are, and so must their record."""
+    return sorted({p for pattern in RECORD_GLOBS for p in Path(run_dir).glob(pattern) if p.name != OUTPUTS})
 
 
 def set_aside(run_dir, paths):

@@ -77,8 +77,9 @@ def train(cfg, device):
             raise UserError(f"train.batch_size={cfg['train']['batch_size']} does not divide among {world.size} "
                             f"processes; use a multiple of {world.size}.")
         run_dir = prepare_run_dir(cfg)
+        created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
-        with folder_lock(run_dir) if world.main else nullcontext():
+        with folder_lock(run_dir, created=created) if world.main else nullcontext():
             trainer = Trainer(cfg, device, world, run_dir)
             try:
                 return trainer.run()

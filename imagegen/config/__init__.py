@@ -4,5 +4,5 @@ from .checks import (attention_options, check_classes, check_eval, check_model, 
                      check_sampling, check_train, fits, fraction, full_attention_options, positive, unknown_option)
 from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,  # noqa: F401
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,
-                     PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions, describe,
-                     opt, register, type_name)
+                     PackConfig, PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions,
+                     UnpackConfig, describe, opt, register, type_name)

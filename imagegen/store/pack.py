@@ -58,7 +58,7 @@ def write(out, files, meta, max_files=8, max_bytes=16 * MIB, fix="", overwrite=F
     n = plan(sizes, max_files, max_bytes)
     if n is None:
         raise UserError(f"the pack would weigh {sum(sizes) / MIB:.1f} MiB, more than the {max_files - 1} parts of "
-                        f"{max_bytes / MIB:g} MiB that max_files={max_files} allows beside its manifest; "
+                        f"{max_bytes / MIB:.3g} MiB that max_files={max_files} allows beside its manifest; "
                         f"{fix or 'raise max_files or max_file_mib'} (nothing was written).")
     check_out(out, overwrite)
     stream = b"".join(files.values())

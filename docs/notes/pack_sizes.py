@@ -23,12 +23,16 @@ from imagegen.training.travel import pack_run
 
 MIB = 2 ** 20
 config.register()
-print("| preset | parameters | optimizer, average | last.pt | exact pack (best=weights) | compact pack (best=weights) "
-      "| compact, best=none |")
-print("|---|---|---|---|---|---|---|")
-for preset, data in (("cpu_mnist", "mnist"), ("cpu_cifar", "cifar10"), ("paper_mnist", "mnist"),
-                     ("paper_cifar", "cifar10")):
-    cfg = OmegaConf.to_container(compose("train", [f"preset={preset}", f"data={data}", "run_dir=x"]), resolve=False)
+print("| preset | parameters | optimizer, average | last.pt | exact pack (best=weights) | exact, best=none | compact pack "
+      "(best=weights) | compact, best=none |")
+print("|---|---|---|---|---|---|---|---|")
+# the shipped cifar10-linear's sizes: cpu_cifar with 16 sub-pixel distances of context (its .json)
+CONTEXT = "model.context=[2,3,4,5,6,93,96,99,7,8,9,94,95,97,98,192]"
+for preset, data, more in (("cpu_mnist", "mnist", []), ("cpu_cifar", "cifar10", []),
+                            ("cpu_cifar", "cifar10", [CONTEXT]), ("paper_mnist", "mnist", []),
+                            ("paper_cifar", "cifar10", [])):
+    cfg = OmegaConf.to_container(compose("train", [f"preset={preset}", f"data={data}", "run_dir=x", *more]),
+                                 resolve=False)
     torch.manual_seed(0)
     model = build_model(cfg["model"], dataset_info(cfg["data"]))
     opt = make_optimizer(model.parameters(), cfg["train"])
@@ -43,10 +47,10 @@ for preset, data in (("cpu_mnist", "mnist"), ("cpu_cifar", "cifar10"), ("paper_m
         for name in ("last.pt", "best.pt"):
             checkpoint.save(run / name, ck)
         sizes = []
-        for state, best in (("exact", "weights"), ("compact", "weights"), ("compact", "none")):
+        for state, best in (("exact", "weights"), ("exact", "none"), ("compact", "weights"), ("compact", "none")):
             out = Path(tmp) / f"{state}-{best}"
             written = pack_run(run, out, state, best, max_files=100, say=lambda _: None)
             sizes.append(f"{sum(p.stat().st_size for p in written) / MIB:.1f} MiB in {len(written)} files")
         n = sum(p.numel() for p in model.parameters())
-        print(f"| {preset} | {n / 1e6:.2f}M | {cfg['train']['optimizer']}, {'ema' if extra else 'none'} | "
+        print(f"| {preset}{' + context (cifar10-linear)' if more else ''} | {n / 1e6:.2f}M | {cfg['train']['optimizer']}, {'ema' if extra else 'none'} | "
               f"{(run / 'last.pt').stat().st_size / MIB:.1f} MiB | " + " | ".join(sizes) + " |", flush=True)

@@ -23,7 +23,8 @@ def lease(*args, timeout=60):
 
 def test_arguments_are_checked(tmp_path):
     for args, said in ((("--bogus",), "unknown option --bogus"), ((), "name the folder for the trip back"),
-                       (("--minutes", "ten", tmp_path), "--minutes takes a number")):
+                       (("--minutes", "ten", tmp_path), "--minutes takes a number"),
+                       ((tmp_path, "--", "run_dir=x"), "the lease sets run_dir itself")):
         proc = lease(*args)
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
 

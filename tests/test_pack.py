@@ -94,6 +94,11 @@ def test_a_missing_file_is_refused_naming_it(runs, tmp_path, name):
     assert not (tmp_path / "moved").exists()
 
 
+def test_a_folder_that_is_no_pack_is_named_as_such(runs, tmp_path):
+    one_line_error(call("imagegen-run", "unpack", f"pack={runs / 'half'}", f"run_dir={tmp_path / 'moved'}"),
+                   "holds no pack (neither manifest.json nor part-K-of-N.bin files)")
+
+
 def test_the_caps_hold_and_a_pack_past_them_is_refused(runs, tmp_path):
     out, cap = tmp_path / "small", 0.06                                   # MiB per file: several parts
     assert call("imagegen-run", "pack", f"run_dir={runs / 'half'}", f"out={out}", f"max_file_mib={cap}",

@@ -103,10 +103,12 @@ def read_manifest(pack):
                         f"manifest.json and the part-K-of-N.bin files.")
     if not path.is_file():
         parts = sorted(n for n in os.listdir(pack) if PART.fullmatch(n))
-        raise UserError(f"pack {pack} is incomplete: manifest.json is missing"
-                        + (f" (it holds {', '.join(parts[:3])}{' ...' if len(parts) > 3 else ''})" if parts else "")
-                        + "; copy the whole pack again, manifest.json included (a pack cut short while written has "
-                          "none: pack it again).")
+        if not parts:
+            raise UserError(f"{pack} holds no pack (neither manifest.json nor part-K-of-N.bin files); pass pack=DIR, "
+                            f"the folder imagegen-run pack wrote.")
+        raise UserError(f"pack {pack} is incomplete: manifest.json is missing (it holds {', '.join(parts[:3])}"
+                        f"{' ...' if len(parts) > 3 else ''}); copy the whole pack again, manifest.json included (a "
+                        f"pack cut short while written has none: pack it again).")
     raw = path.read_bytes()
     claimed = raw[len(HEAD):len(HEAD) + 64]
     if not (raw.startswith(HEAD) and re.fullmatch(rb"[0-9a-f]{64}", claimed)

@@ -99,6 +99,15 @@ def test_a_folder_that_is_no_pack_is_named_as_such(runs, tmp_path):
                    "holds no pack (neither manifest.json nor part-K-of-N.bin files)")
 
 
+def test_a_damaged_run_is_not_packed(runs, tmp_path):
+    shutil.copytree(runs / "half", tmp_path / "run")
+    last = tmp_path / "run" / "last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
+    one_line_error(call("imagegen-run", "pack", f"run_dir={tmp_path / 'run'}", f"out={tmp_path / 'out'}"),
+                   "is not a readable checkpoint")
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_caps_hold_and_a_pack_past_them_is_refused(runs, tmp_path):
     out, cap = tmp_path / "small", 0.06                                   # MiB per file: several parts
     assert call("imagegen-run", "pack", f"run_dir={runs / 'half'}", f"out={out}", f"max_file_mib={cap}",

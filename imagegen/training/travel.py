@@ -92,20 +92,19 @@ def pack_run(run_dir, out, state="exact", best="weights", max_files=8, max_mib=1
         raise UserError(f"run_dir {run_dir} holds no last.pt, so there is no run to pack; pass the run_dir of "
                         f"imagegen-train.")
     with folder_lock(run_dir):            # not while a run writes it: its last.pt could be half a step old
-        names = record_files(run_dir)
+        last = checkpoint.load(run_dir / "last.pt")           # a damaged run is refused here, not packed
+        checks.check_training(last, run_dir / "last.pt")
         files = {}
-        for name, path in names.items():
+        for name, path in record_files(run_dir).items():
             if name == "best.pt" and best == "none":
                 continue
             data = path.read_bytes()
             if name == "last.pt" and state == "compact":
-                ck = checkpoint.load(path)
-                checks.check_training(ck, path)
-                data = saved(compact_moments(ck))
+                data = saved(compact_moments(last))
             elif name == "best.pt" and best == "weights":
                 data = saved({k: v for k, v in checkpoint.load(path).items() if k != "optimizer"})
             files[name] = data
-        step = torch.load(io.BytesIO(files["last.pt"]), map_location="cpu", weights_only=True)["state"]["step"]
+        step = last["state"]["step"]
         meta = {"kind": "run", "run": run_dir.resolve().name, "step": step, "state": state, "best": best}
         fix = ("pack with state=compact (the optimizer's moments in bfloat16)" if state == "exact" else
                "leave best.pt behind (best=none)" if best != "none" else "raise max_files or max_file_mib")

@@ -11,18 +11,33 @@ import os
 import subprocess
 import sys
 import time
-from importlib.metadata import entry_points
 
 TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_mixtures=2",
         "train.batch_size=4", "train.val_every=3", "train.val_images=4", "train.log_every=1", "train.warmup_steps=2",
         "threads=1", "train.progress=false"]
 
 
+def script(cmd):
+    """'module:function' of console script `cmd`, from this checkout's pyproject.toml (a script added since
+    the environment was installed has no entry point there yet)."""
+    from pathlib import Path
+    try:
+        import tomllib
+    except ImportError:          # Python 3.10: the installed entry point
+        from importlib.metadata import entry_points
+        return next(iter(entry_points(group="console_scripts", name=cmd))).value
+    with open(Path(__file__).parent.parent / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["scripts"][cmd]
+
+
 def run(cmd, *args, check=True, env=None, timeout=300):
     """env: variables to set on top of this process's."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     exe = os.path.join(os.path.dirname(sys.executable), cmd)
-    proc = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout)
+    module, function = script(cmd).split(":")
+    argv = [exe] if os.path.exists(exe) else [sys.executable, "-c", f"import sys; sys.argv[0] = {cmd!r}; "
+                                                                    f"from {module} import {function}; {function}()"]
+    proc = subprocess.run([*argv, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout)
     if check and proc.returncode:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -34,7 +49,10 @@ def call(cmd, *args):
     interpreter would print it."""
     import torch
 
-    main = next(iter(entry_points(group="console_scripts", name=cmd))).load()
+    import importlib
+
+    module, function = script(cmd).split(":")
+    main = getattr(importlib.import_module(module), function)
     out, err, argv, code, threads = io.StringIO(), io.StringIO(), sys.argv, 0, torch.get_num_threads()
     sys.argv = [cmd, *map(str, args)]
     try:

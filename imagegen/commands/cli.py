@@ -78,6 +78,20 @@ COMMAND_TABLE = {
          "imagegen-data prepare data.root=~/pictures data.image_size=64 data.channels=1 data.fit=pad",
          "imagegen-data prepare data.root=~/pictures check=true",
          "imagegen-data prepare data=mnist"), uses_device=False, script="imagegen-data prepare"),
+    "pack": Command(
+        "imagegen.commands.run",
+        "pack a run folder into a few size-capped, checksummed files (manifest.json, part-K-of-N.bin) to carry to "
+        "another machine, where imagegen-run unpack and imagegen-train resume it (docs/runs.md).", (),
+        ("imagegen-run pack run_dir=checkpoints/cifar10-linear-cpu_cifar out=up",
+         "imagegen-run pack run_dir=run out=down state=compact max_files=7   # Adam's moments in bfloat16"),
+        uses_device=False, script="imagegen-run pack"),
+    "unpack": Command(
+        "imagegen.commands.run",
+        "unpack a pack of imagegen-run pack into a new run folder, every byte checked; imagegen-train with that "
+        "run_dir and the run's settings resumes it (docs/runs.md).", (),
+        ("imagegen-run unpack pack=up run_dir=checkpoints/moved",
+         "imagegen-train run_dir=checkpoints/moved preset=cpu_cifar data=cifar10   # resumes where the pack left off"),
+        uses_device=False, script="imagegen-run unpack"),
 }
 
 

@@ -5,5 +5,5 @@ from .checks import (MAX_SEED, attention_options, check_classes, check_device, c
                      full_attention_options, positive, shown, unknown_option, whole)
 from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,  # noqa: F401
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,
-                     PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions, describe,
-                     opt, options, register, type_name)
+                     PackConfig, PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions,
+                     UnpackConfig, describe, opt, options, register, type_name)

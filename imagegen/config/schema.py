@@ -353,8 +353,30 @@ class PrepareConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
 
+@dataclass
+class PackConfig:
+    run_dir: str = opt(MISSING, "the run folder to pack (imagegen-train's run_dir, holding last.pt)")
+    out: str = opt(MISSING, "a new or empty folder for the pack: manifest.json and part-K-of-N.bin")
+    state: str = opt("exact", "exact (last.pt bit for bit: the resumed run is the run never moved) or compact (the "
+                              "optimizer's moments in bfloat16: a third smaller for Adam, lossy; docs/runs.md)")
+    best: str = opt("weights", "best.pt as weights (its optimizer state left out: nothing resumes from best.pt), full "
+                               "or none (left behind)")
+    max_files: int = opt(8, "at most this many files, the manifest included (refused, nothing written, past it)")
+    max_file_mib: float = opt(16.0, "at most this many MiB per file")
+    overwrite: bool = opt(False, "replace an earlier pack in out (never other files)")
+
+
+@dataclass
+class UnpackConfig:
+    pack: str = opt(MISSING, "the pack's folder (manifest.json and its part-K-of-N.bin files)")
+    run_dir: str = opt(MISSING, "a new or empty folder to unpack the run into; imagegen-train run_dir=... resumes it")
+    overwrite: bool = opt(False, "unpack into a run_dir that holds a run, whose files are first moved into "
+                                 "run_dir/previous-<time>/")
+
+
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig,
-           "plot": PlotConfig, "export": ExportConfig, "convert": ConvertConfig, "prepare": PrepareConfig}
+           "plot": PlotConfig, "export": ExportConfig, "convert": ConvertConfig, "prepare": PrepareConfig,
+           "pack": PackConfig, "unpack": UnpackConfig}
 
 
 def register():

@@ -34,8 +34,8 @@ from .bits_per_dim import bits_per_dim
 def load(name_or_path=shipped.DEFAULT, device="cpu", threads=0):
     """The model a checkpoint= value names (shipped name, .safetensors with its .json, or .pt), checked
     as every command checks it, on `device`, in evaluation mode. threads (CPU): 0 fits torch's thread
-    count to the cores free now (and the methods look again every few minutes), N sets N, None
-    leaves it alone."""
+    count to the cores free now (and the methods look again every few minutes), N sets N (at most the
+    cores this process may run on; more is capped, in one line), None leaves it alone."""
     path = shipped.resolve(name_or_path)
     ck = checkpoint.load(path)
     model = Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck, threads=threads)
@@ -61,8 +61,8 @@ class Model:
         if self.threads is None or self.device.type != "cpu":
             return
         if self.threads:
-            if force:
-                _threads.fit_threads(self.threads)       # says once when N is more than the cores free
+            if force:                                  # N, at most the cores; says once when more than the cores free
+                self.threads = _threads.fit_threads(self.threads)
             else:
                 torch.set_num_threads(self.threads)
         elif force or self._looked is None or time.monotonic() - self._looked >= _threads.LOOK_SECONDS:

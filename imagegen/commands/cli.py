@@ -263,6 +263,7 @@ def hydra_entry(config_name, task):
                     raise UserError(f"{command_name(config_name)} needs {', '.join(f'{k}=...' for k in missing)}; "
                                     f"see {command_name(config_name)} --help.")
                 plain = OmegaConf.to_container(cfg, resolve=True)
+                config.check_threads(plain["threads"])      # every command, those that import no torch too
                 task(plain, resolve_device(plain["device"], plain["threads"]) if uses_device else None)
             except UserError as e:
                 sys.exit(f"error: {e}")
@@ -278,16 +279,12 @@ def hydra_entry(config_name, task):
 
 def resolve_device(name="auto", threads=0):
     """The torch device `name` asks for; on the CPU, torch's thread count fitted to the cores free
-    now (threads=0) or set to threads=N (imagegen.tuning.threads.fit_threads)."""
+    now (threads=0) or set to threads=N, at most the cores (imagegen.tuning.threads.fit_threads)."""
     import torch
-    if threads < 0:
-        raise UserError(f"threads must be >= 0 (0: the cores free now), got {threads}.")
     device = pick_device(name, torch)
-    if device.type == "cpu":
+    if device.type == "cpu" or threads:
         from ..tuning.threads import fit_threads
         fit_threads(int(threads))
-    elif threads:
-        torch.set_num_threads(int(threads))
     return device
 
 

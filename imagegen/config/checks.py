@@ -173,3 +173,11 @@ def check_eval(cfg):
     positive(cfg, ("batch_size", "lsh_draws"), "")
     if cfg["max_images"] is not None:
         positive(cfg, ("max_images",), "")
+
+
+def check_threads(threads):
+    """threads (a command's threads=, the API's load(threads=)) a whole number >= 0; one sentence otherwise.
+    Every command checks it at start, those that run no torch too (imagegen.tuning.threads caps it at the cores)."""
+    if not (isinstance(threads, numbers.Integral) and not isinstance(threads, bool) and threads >= 0):
+        raise UserError(f"threads must be >= 0 (0: the cores free now; N: N threads, at most the cores), "
+                        f"got {threads!r}.")

@@ -149,6 +149,13 @@ def split_rows(split_codes, splits, val_fraction, test_fraction, seed):
     return {s: rows[s] for s in splits}
 
 
+def empty_split(split, root, images):
+    """The UserError for a folder whose `split` holds no image (images: how many the folder has)."""
+    return UserError(f"the {split} split of {root} is empty ({images} image{'s' * (images != 1)} in all); add "
+                     f"images (a {split}/ folder, or more images for data.val_fraction and data.test_fraction to "
+                     f"take from).")
+
+
 def load(d, splits, labels=False, progress=True, say=print):
     """[ImageRows of each split] (or [(ImageRows, labels (B,) int64 tensor)] with labels=True) of a
     folder data config, converting the folder first when its cache is missing or out of date."""
@@ -168,9 +175,7 @@ def load(d, splits, labels=False, progress=True, say=print):
     for split in splits:
         idx = chosen[split]
         if len(idx) == 0:
-            raise UserError(f"the {split} split of {d['root']} is empty ({len(cache.images)} images); add images "
-                            f"(a {split}/ folder, or more images for data.val_fraction and data.test_fraction to "
-                            f"take from).")
+            raise empty_split(split, d["root"], len(cache.images))
         x = ImageRows(cache.images, idx)
         out.append((x, torch.from_numpy(cache.labels[idx].copy())) if labels else x)
     return out

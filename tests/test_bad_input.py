@@ -176,3 +176,25 @@ def test_writes_refuse_a_folder_where_the_file_goes(tmp_path):
     with pytest.raises(UserError) as e:
         write_bytes(tmp_path / "x.json", b"{}", "result")
     assert f"{tmp_path / 'x.json'} is a folder, and the result is a file" in one_sentence(e)
+
+
+# ---------------------------------------------------------------- sizes past the data or the memory (issue 45)
+@pytest.mark.parametrize("context,data,length", [(1000000000, "mnist", 784), (784, "mnist", 784),
+                                                 (3072, "cifar10", 3072)])
+def test_context_past_the_sequence_is_refused_before_the_model(tmp_path, context, data, length):
+    """model.context=[1000000000] allocated 64 GB, then a traceback; [784] on MNIST's 784 sub-pixels
+    trained an embedding that never sees a byte."""
+    proc = call("imagegen-train", f"data={data}", f"model.context=[5,{context}]", f"run_dir={tmp_path / 'run'}",
+                "threads=1")
+    one_line_error(proc, f"model.context holds {context}, but an image of this data is {length} sub-pixels long, so "
+                         f"that distance never reaches a byte; use distances from 2 to {length - 1}.")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_longest_context_that_reads_a_byte_is_taken():
+    from dataclasses import asdict
+
+    from imagegen.config import ModelConfig, check_model
+    check_model({**asdict(ModelConfig()), "context": [2, 783]}, length=784)     # x_0 at position 783
+    with pytest.raises(UserError):
+        check_model({**asdict(ModelConfig()), "context": [2, 784]}, length=784)

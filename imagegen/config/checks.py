@@ -79,9 +79,9 @@ def fraction(value, key, low_open=False, high_open=False):
         raise UserError(f"{key} must lie in {interval}, got {value}.")
 
 
-def check_model(m, memory_bytes=None, prefix="model."):
-    """Sizes positive, dropout a rate, and the parameters (with gradients and Adam's two moments)
-    within `memory_bytes` when given."""
+def check_model(m, memory_bytes=None, prefix="model.", length=None):
+    """Sizes positive, dropout a rate, context distances below the sequence length D (`length`, when
+    given), and the parameters (with gradients and Adam's two moments) within `memory_bytes` when given."""
     positive(m, ("n_layers", "d_model", "n_heads", "d_ff", "n_mixtures"), prefix)
     fraction(m["dropout"], prefix + "dropout")
     if m.get("num_classes", 0) < 0:
@@ -93,6 +93,9 @@ def check_model(m, memory_bytes=None, prefix="model."):
     if any(not isinstance(o, int) or o < 2 for o in context) or len(set(context)) < len(context):
         raise UserError(f"{prefix}context must list distinct sub-pixel distances >= 2 (1 is the input byte itself), "
                         f"got {context}.")
+    if length and context and max(context) >= length:      # it would read only the start symbol
+        raise UserError(f"{prefix}context holds {max(context)}, but an image of this data is {length} sub-pixels "
+                        f"long, so that distance never reaches a byte; use distances from 2 to {length - 1}.")
     if memory_bytes:
         d, ff = m["d_model"], m["d_ff"]
         params = m["n_layers"] * (4 * d * d + 2 * d * ff) + 300 * d
@@ -103,7 +106,8 @@ def check_model(m, memory_bytes=None, prefix="model."):
                             f"available; lower model.n_layers, model.d_model or model.d_ff.")
 
 
-def check_train(cfg, memory_bytes=None):
+def check_train(cfg, memory_bytes=None, length=None):
+    """The train, data and model sections of an imagegen-train config; length: the data's sequence length D."""
     t = cfg["train"]
     positive(t, ("batch_size", "lr", "max_steps", "val_every", "val_images", "save_every", "log_every",
                  "sample_images"), "train.")
@@ -121,7 +125,7 @@ def check_train(cfg, memory_bytes=None):
     if len(t["betas"]) != 2 or not all(0 <= b < 1 for b in t["betas"]):
         raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
     fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
-    check_model(cfg["model"], memory_bytes)
+    check_model(cfg["model"], memory_bytes, length=length)
     if cfg["model"]["attention"] in ATTENTION_OPTIONS:     # an option the attention lacks (+key=...), a wrong type
         attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
 

@@ -71,7 +71,7 @@ def train(cfg, device):
     under torchrun, as one rank of the job. Returns the final RunState."""
     world, device = distributed.setup(device)
     try:
-        check_train(cfg, available_bytes(device))
+        check_train(cfg, available_bytes(device), dataset_info(cfg["data"]).length)
         if cfg["train"]["batch_size"] % world.size:
             raise UserError(f"train.batch_size={cfg['train']['batch_size']} does not divide among {world.size} "
                             f"processes; use a multiple of {world.size}.")

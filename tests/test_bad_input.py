@@ -20,6 +20,7 @@ def model():
 @pytest.mark.parametrize("kwargs,pattern", [
     (dict(guidance=math.nan), "guidance must be a finite number >= 0, got nan"),
     (dict(guidance=math.inf), "guidance must be a finite number >= 0, got inf"),
+    (dict(guidance=100), "guidance must be at most 12, got 100: past 12 it stops helping"),   # streaked noise, exit 0
     (dict(temperature=math.nan), "temperature must be a finite number > 0, got nan"),
     (dict(temperature=math.inf), "temperature must be a finite number > 0, got inf"),
     (dict(n=-1), "n must be a positive number, got -1"),
@@ -64,6 +65,7 @@ def test_complete_takes_float_images_of_whole_bytes(model):
 @pytest.mark.parametrize("arg,pattern", [
     ("guidance=nan", "guidance must be a finite number >= 0, got nan"),
     ("guidance=inf", "guidance must be a finite number >= 0, got inf"),
+    ("guidance=1e9", "guidance must be at most 12, got 1e+09: past 12 it stops helping"),
     ("temperature=nan", "temperature must be a finite number > 0, got nan"),
 ])
 def test_sample_refuses_nan_and_inf(tmp_path, arg, pattern):
@@ -198,3 +200,11 @@ def test_the_longest_context_that_reads_a_byte_is_taken():
     check_model({**asdict(ModelConfig()), "context": [2, 783]}, length=784)     # x_0 at position 783
     with pytest.raises(UserError):
         check_model({**asdict(ModelConfig()), "context": [2, 784]}, length=784)
+
+
+def test_guidance_up_to_the_largest_is_taken():
+    from imagegen.config import check_sampling
+    check_sampling(guidance=12)
+    check_sampling(guidance=0)
+    with pytest.raises(UserError):
+        check_sampling(guidance=12.5)

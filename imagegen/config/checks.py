@@ -130,15 +130,26 @@ def check_train(cfg, memory_bytes=None, length=None):
         attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
 
 
+# Guidance past this stops helping: above G = 1 a value is lifted at most e^((G-1)B) times over p_c
+# (B = model.heads.GUIDANCE_BOUND = 0.5): e^5.5, about 245, at G = 12, the 256 values' range; above it a
+# value the class rates below 1/256 of its likeliest overtakes it, and samples turn to streaks and noise
+# (mnist-linear: samples' own bits/dim 0.83 at G = 1, 1.86 at 12, 2.59 at 16, 7.6 at 100; docs/guidance.md).
+MAX_GUIDANCE = 12
+
+
 def check_sampling(**values):
     """The numbers of a sampling request, checked alike for imagegen-sample (check_sample) and the Python
     API: counts (n, num_images, nrow, batch_size, ...) whole numbers > 0, temperature a finite number > 0,
-    guidance a finite number >= 0 (None: the model's default); one sentence naming the value and the fix."""
+    guidance a number from 0 to MAX_GUIDANCE (None: the model's default); one sentence naming the value and the fix."""
     for key, value in values.items():
         if key == "guidance":
             if value is not None and not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
                 raise UserError(f"guidance must be a finite number >= 0, got {value}; pass guidance=G with G >= 0 "
                                 f"(1: the plain conditional distribution).")
+            if value is not None and value > MAX_GUIDANCE:
+                raise UserError(f"guidance must be at most {MAX_GUIDANCE}, got {value:g}: past {MAX_GUIDANCE} it stops "
+                                f"helping and samples turn to streaks and noise (docs/guidance.md); the shipped models "
+                                f"sample at 3 (mnist-linear) and 6 (cifar10-linear).")
         elif key == "temperature":
             if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
                 raise UserError(f"temperature must be a finite number > 0, got {value}; pass temperature=T with "

@@ -212,8 +212,8 @@ class SampleConfig(CheckpointCommand):
     label: Optional[int] = opt(None, "class-conditional models, grid mode: every image of this class (0..C-1)")
     labels: Any = opt("auto", "class-conditional models: a list of classes, one grid row (nrow images) each; auto: "
                               "one row per class (complete mode: each test image's own label); none: no labels")
-    guidance: Optional[float] = opt(None, "classifier-free guidance G (1: the plain conditional distribution, > 1: "
-                                          "more typical of the class); null: the model's recorded default, else 1")
+    guidance: Optional[float] = opt(None, "classifier-free guidance G, 0 to 12 (1: the plain conditional distribution, "
+                                          "> 1: more typical of the class); null: the model's recorded default, else 1")
     threads: int = opt(0, "CPU threads for torch (0: measured: the cores free at start, then a few decoding steps "
                           "are timed with that many and with 1 thread, and the faster is kept, as the output says)")
 
@@ -240,7 +240,7 @@ class ExportConfig:
 class ConvertConfig:
     checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train (its averaged weights when it has them)")
     out: str = opt(MISSING, "path without suffix: writes OUT.safetensors and OUT.json (e.g. checkpoints/my-model)")
-    guidance: float = opt(1.0, "the classifier-free guidance imagegen-sample uses for this model by default")
+    guidance: float = opt(1.0, "the classifier-free guidance imagegen-sample uses for this model by default (0 to 12)")
     check_images: int = opt(500, "score the first N test images with the converted file and record the bits/dim "
                                  "(0: skip)")
     batch_size: int = opt(32, "images per forward pass of the check")

@@ -24,7 +24,7 @@ from .store import checkpoint, shipped
 from .data.sets import dataset_info, load_from_config
 from .config import check_classes, check_sampling
 from .errors import UserError
-from .memory import check_images_fit
+from .memory import check_images_fit, sampling_batch
 from .model.transformer import model_dims
 from .precision import resolve_precision
 from .sampling.decode import generate, grid, resolve_sampler, to_images
@@ -89,8 +89,9 @@ class Model:
         check_images_fit(self.info, n, f"n={n:,}")
         seqs = generate(self.module, n, temperature=temperature, seed=seed, batch_size=batch_size,
                         labels=labels, guidance=self.guidance if guidance is None else guidance,
-                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch_size,
-                                                record=self.record),
+                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module),
+                                                batch=sampling_batch(self.module, batch_size, n, self.sampler,
+                                                                     self.device), record=self.record),
                         progress=progress)
         return to_images(seqs, self.info)
 
@@ -113,7 +114,8 @@ class Model:
         seqs = generate(self.module, len(prefix), prefix=prefix, temperature=temperature, seed=seed,
                         batch_size=batch_size, labels=labels, guidance=self.guidance if guidance is None else guidance,
                         dtype=resolve_precision(precision, self.device, dims=model_dims(self.module),
-                                                batch=batch_size, record=self.record))
+                                                batch=sampling_batch(self.module, batch_size, len(prefix),
+                                                                     self.sampler, self.device), record=self.record))
         return to_images(seqs, self.info).reshape(len(images), n, *images.shape[1:])
 
     def bits_per_dim(self, images, labels=None, batch_size=32):

@@ -208,3 +208,41 @@ def test_guidance_up_to_the_largest_is_taken():
     check_sampling(guidance=0)
     with pytest.raises(UserError):
         check_sampling(guidance=12.5)
+
+
+def test_sample_runs_at_the_batch_it_draws(tmp_path, monkeypatch):
+    """num_images=2 batch_size=1000000000: precision=auto timed products at batch 10^9 (512 GB, a traceback)."""
+    from imagegen.commands import sample
+    asked = {}
+    monkeypatch.setattr(sample, "resolve_precision", lambda setting, device, **kw: asked.update(kw) or torch.float32)
+    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: asked.update(batch_size=kw["batch_size"])
+                        or torch.zeros(n, 784, dtype=torch.uint8))
+    proc = call("imagegen-sample", "num_images=2", "batch_size=1000000000", "labels=none", "threads=1", "scale=1",
+                f"out={tmp_path / 'x.png'}")
+    assert proc.returncode == 0, proc.stderr
+    assert asked["batch"] == 2 and asked["batch_size"] == 2 and "sampler, batch 2," in proc.stdout
+
+
+def test_batches_past_the_memory_are_one_sentence_before_any_work(tmp_path, monkeypatch, mnist_root):
+    """A batch that cannot fit: sampling, scoring (imagegen-eval, the API's bits_per_dim) and training
+    each refuse it in one sentence (100 MB free here)."""
+    from imagegen import memory
+    from imagegen.commands import sample
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 100 * 2**20)
+    monkeypatch.setattr(sample, "generate", lambda *a, **kw: pytest.fail("sampled"))
+    proc = call("imagegen-sample", "num_images=2000", "batch_size=5000", "labels=none", "precision=float32", "scale=1",
+                f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, "batch_size=5000 (2000 images at once) would need about")
+    assert "GiB for sampling, more than the 0.1 GiB free; lower batch_size (about" in proc.stderr
+    proc = call("imagegen-eval", "checkpoint=mnist-linear", f"data.root={mnist_root}", "batch_size=1000000000",
+                "progress=false")
+    one_line_error(proc, "batch_size=1000000000 (16 images at once) would need about")   # the fixture's 16
+    assert "GiB for scoring the images" in proc.stderr
+    with pytest.raises(UserError) as e:
+        imagegen.load("mnist-linear").bits_per_dim(np.zeros((64, 28, 28, 1), np.uint8), labels=[1] * 64,
+                                                   batch_size=64)
+    assert "batch_size=64 would need about" in one_sentence(e)
+    proc = call("imagegen-train", "data=mnist", f"data.root={mnist_root}", "train.batch_size=32", "threads=1",
+                f"run_dir={tmp_path / 'run'}", "train.progress=false")
+    one_line_error(proc, "train.batch_size=32 would need about")
+    assert "GiB for training" in proc.stderr

@@ -9,7 +9,7 @@ from .cli import hydra_entry
 from ..config import check_classes, check_sample
 from ..data.sets import dataset_info, load_from_config
 from ..files import check_target, write_image
-from ..memory import check_request_fits
+from ..memory import check_request_fits, sampling_batch
 from ..ops.build import prebuilt_only
 from ..dtypes import dtype_name
 from ..model.transformer import model_dims
@@ -35,6 +35,16 @@ def grid_labels(cfg, model):
     if model.num_classes and cfg["label"] is not None:
         return torch.tensor([cfg["label"]]), cfg["num_images"]
     return None, cfg["num_images"]
+
+
+def images_drawn(cfg, num_classes, info):
+    """How many images the request samples at most (grid: num_images, or nrow per label row; complete:
+    completions for each original: num_originals, or one per class of the data)."""
+    if cfg["mode"] == "complete":
+        originals = max(1, info.num_classes) if cfg["originals"] == "per_class" else cfg["num_originals"]
+        return originals * cfg["completions"]
+    rows = label_rows(cfg, num_classes)
+    return len(rows) * cfg["nrow"] if rows is not None else cfg["num_images"]
 
 
 def check_labels_given(cfg, num_classes, class_names):
@@ -76,16 +86,18 @@ def run_sample(cfg, device):
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
-    measured = dict(dims=model_dims(model), batch=cfg["batch_size"], record=ck.get("record"))  # for precision=auto
+    batch = sampling_batch(model, cfg["batch_size"], images_drawn(cfg, num_classes, info), sampler,
+                           device)
+    measured = dict(dims=model_dims(model), batch=batch, record=ck.get("record"))  # for precision=auto
     dtype = resolve_precision(cfg["precision"], device, **measured)
     if note := slow_bf16_note(dtype, device):
         print(note)
     guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
-    common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
+    common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=batch,
                   progress=cfg["progress"], dtype=dtype, guidance=guidance)
     def pick_threads(n):                     # threads=0: measured at the batch the loop will run
         if device.type == "cpu" and not cfg.get("threads") and sampler == "step":
-            print(choose_threads(model, min(cfg["batch_size"], n), dtype)[1])
+            print(choose_threads(model, min(batch, n), dtype)[1])
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":
@@ -122,7 +134,7 @@ def run_sample(cfg, device):
     conditioning = ""
     if model.num_classes:
         conditioning = f", labels given, guidance {guidance:g}" if labels is not None else ", no labels"
-    print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {cfg['batch_size']}, "
+    print(f"{len(seqs)} images in {seconds:.1f} s with the {label} sampler, batch {min(batch, len(seqs))}, "
           f"{dtype_name(dtype)} (precision={cfg['precision']}{precision_reason(cfg['precision'], device, **measured)})"
           f"{conditioning}: {len(seqs) / seconds:.2f} images/sec")
 

@@ -105,7 +105,7 @@ class DataOverride:
 
 @dataclass
 class TrainOptions:
-    batch_size: int = opt(16, "images per optimizer step")
+    batch_size: int = opt(16, "images per optimizer step (more than fit in memory: one sentence)")
     optimizer: str = opt("adamw", "adamw, adam or radam")
     lr: float = opt(1e-3, "peak learning rate, reached after warmup_steps")
     betas: List[float] = opt([0.9, 0.98], "Adam's two decay rates")
@@ -170,7 +170,8 @@ class CheckpointCommand:
 @dataclass
 class EvalConfig(CheckpointCommand):
     split: str = opt("test", "test, val or train")
-    batch_size: int = opt(32, "images per forward pass")
+    batch_size: int = opt(32, "images per forward pass (at most the images scored; more than fit in "
+                                  "memory: one sentence)")
     max_images: Optional[int] = opt(None, "evaluate only the first N images (null: all)")
     lsh_draws: int = opt(1, "LSH: average the NLL over this many seeded hash draws")
     lsh_seed: int = opt(0, "LSH: seed of the first hash draw")
@@ -200,7 +201,8 @@ class SampleConfig(CheckpointCommand):
     scale: int = opt(4, "nearest-neighbour upscaling of the PNG")
     save_each: bool = opt(False, "also write one PNG per sampled image into <out without .png>/")
     sampler: str = opt("auto", "auto (step when the attention can, else recompute), step or recompute")
-    batch_size: int = opt(64, "images sampled together")
+    batch_size: int = opt(64, "images sampled together (at most the images asked for; more than fit in "
+                                  "memory: one sentence)")
     temperature: float = opt(1.0, "sampling temperature (> 0; 1 samples the model's distribution)")
     seed: int = opt(0, "seed of the draws")
     precision: str = opt("auto", "matrix products in float32, bfloat16 (sums, LayerNorm, the head and the draw stay "

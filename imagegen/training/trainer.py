@@ -20,6 +20,7 @@ from ..data.sets import dataset_info, load_from_config
 from ..dtypes import autocast
 from ..errors import UserError
 from ..lock import folder_lock
+from ..memory import check_forward_fits
 from ..model.transformer import build_model
 from ..ops import auto_impl_line, ensure_kernel
 from ..precision import bf16_reason, use_bf16
@@ -111,6 +112,8 @@ class Trainer:
                             f"{t['batch_size']}; lower the batch size or add data.")
         torch.manual_seed(cfg["seed"])
         self.model = build_model(cfg["model"], self.info).to(device)
+        check_forward_fits(self.model, t["batch_size"] // world.size, device, "train.batch_size", training=True,
+                           bytes_per_value=2 if self.bf16 else 4)
         self.opt = make_optimizer(self.model.parameters(), t)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if t["ema"] else None
         self.state = RunState()

@@ -274,3 +274,21 @@ def test_a_class_empty_in_one_split_only_is_kept(tmp_path):
     (tmp_path / "test" / "bird").mkdir()                     # a class of no split
     with pytest.raises(UserError, match=f"the class folder {tmp_path / 'test' / 'bird'} holds no images"):
         scan(tmp_path)
+
+
+def test_conversion_workers_capped_at_the_cores_and_never_negative(tmp_path, monkeypatch):
+    """data.workers=10000 started a process per image; -1 was taken without a word (issue 45)."""
+    from imagegen.data import imagecache
+    write_class_folder(tmp_path / "pics", per_class=1)
+    d = {"name": "folder", "root": str(tmp_path / "pics"), "image_size": 4, "cache": str(tmp_path / "cache")}
+    with pytest.raises(UserError) as e:
+        source.open_cache({**d, "workers": -1}, progress=False)
+    assert "data.workers must be >= 0 (0: one process per core), got -1." in one_sentence(e)
+    monkeypatch.setattr(imagecache, "default_workers", lambda: 1)
+    said, used = [], []
+    real = imagecache._convert_all
+    monkeypatch.setattr(imagecache, "_convert_all", lambda jobs, workers, progress: used.append(workers)
+                        or real(jobs, workers, progress))
+    cache, _ = source.open_cache({**d, "workers": 10000}, progress=False, say=said.append)
+    assert used == [1] and len(cache.images) == 2
+    assert said[0] == "data.workers=10000, but this process may run on 1 core: 1 worker", said

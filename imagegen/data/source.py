@@ -111,6 +111,13 @@ def open_cache(d, progress=True, say=print, check_only=False):
     if not d.get("root") or str(d["root"]).endswith("???"):
         raise UserError(f"data={d['name']} needs the folder: data.root=DIR.")
     root, workers = Path(d["root"]).expanduser(), d.get("workers", 0) or 0
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        raise UserError(f"data.workers must be >= 0 (0: one process per core), got {workers!r}.")
+    if workers > imagecache.default_workers():          # more processes than cores only wait for each other
+        cores = imagecache.default_workers()
+        say(f"data.workers={workers}, but this process may run on {cores} core{'s' * (cores != 1)}: {cores} "
+            f"worker{'s' * (cores != 1)}")
+        workers = cores
     if d["name"] in imagenet.SIZES:
         return imagecache.ensure(root, cache_dir(d), imagenet.settings(d["name"]), workers, progress, say, check_only,
                                  scan_fn=imagenet.scan, build_fn=imagenet.build)

@@ -86,8 +86,7 @@ def run_sample(cfg, device):
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
-    batch = sampling_batch(model, cfg["batch_size"], images_drawn(cfg, num_classes, info), sampler,
-                           device)
+    batch = sampling_batch(model, cfg["batch_size"], images_drawn(cfg, num_classes, info), sampler, device)
     measured = dict(dims=model_dims(model), batch=batch, record=ck.get("record"))  # for precision=auto
     dtype = resolve_precision(cfg["precision"], device, **measured)
     if note := slow_bf16_note(dtype, device):

@@ -27,7 +27,7 @@ from .store import checkpoint, shipped
 from .data.sets import dataset_info, load_from_config
 from .config import check_device, check_sampling, class_numbers, shown, whole
 from .errors import UserError
-from .memory import check_grid_fits, check_images_fit
+from .memory import check_grid_fits, check_images_fit, sampling_batch
 from .say import say
 from .model.transformer import model_dims
 from .precision import resolve_precision
@@ -38,8 +38,9 @@ from .bits_per_dim import bits_per_dim
 def load(name_or_path=shipped.DEFAULT, device="cpu", threads=0):
     """The model a checkpoint= value names (shipped name, .safetensors with its .json, or .pt), checked
     as every command checks it, on `device`, in evaluation mode. threads (CPU): 0 fits torch's thread
-    count to the cores free now (and the methods look again every few minutes), N sets N, None
-    leaves it alone. device: cpu, cuda, cuda:N, auto (cuda when torch sees a GPU) or a torch.device."""
+    count to the cores free now (and the methods look again every few minutes), N sets N (at most the
+    cores this process may run on; more is capped, in one line), None leaves it alone. device: cpu,
+    cuda, cuda:N, auto (cuda when torch sees a GPU) or a torch.device."""
     check_sampling(threads=threads)
     device = check_device(device)
     path = shipped.resolve(name_or_path)
@@ -67,8 +68,8 @@ class Model:
         if self.threads is None or self.device.type != "cpu":
             return
         if self.threads:
-            if force:
-                _threads.fit_threads(self.threads)       # says once when N is more than the cores free
+            if force:                                  # N, at most the cores; says once when more than the cores free
+                self.threads = _threads.fit_threads(self.threads)
             else:
                 torch.set_num_threads(self.threads)
         elif force or self._looked is None or time.monotonic() - self._looked >= _threads.LOOK_SECONDS:
@@ -95,8 +96,9 @@ class Model:
         check_images_fit(self.info, n, f"n={n:,}")
         seqs = generate(self.module, n, temperature=temperature, seed=seed, batch_size=batch_size,
                         labels=labels, guidance=self.guidance if guidance is None else guidance,
-                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch_size,
-                                                record=self.record),
+                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module),
+                                                batch=sampling_batch(self.module, batch_size, n, self.sampler,
+                                                                     self.device), record=self.record),
                         progress=progress)
         return to_images(seqs, self.info)
 
@@ -119,7 +121,8 @@ class Model:
         seqs = generate(self.module, len(prefix), prefix=prefix, temperature=temperature, seed=seed,
                         batch_size=batch_size, labels=labels, guidance=self.guidance if guidance is None else guidance,
                         dtype=resolve_precision(precision, self.device, dims=model_dims(self.module),
-                                                batch=batch_size, record=self.record))
+                                                batch=sampling_batch(self.module, batch_size, len(prefix),
+                                                                     self.sampler, self.device), record=self.record))
         return to_images(seqs, self.info).reshape(len(images), n, *images.shape[1:])
 
     def bits_per_dim(self, images, labels=None, batch_size=32):

@@ -4,6 +4,7 @@ import math
 import torch
 from tqdm import tqdm
 
+from .memory import check_forward_fits
 from .world import World, sum_
 
 LN2 = math.log(2)
@@ -13,10 +14,12 @@ LN2 = math.log(2)
 def total_nll(model, x, batch_size, device, progress=False, desc="eval", world=World(), labels=None):
     """Sum of -log p in nats over all images and sub-pixels of x (B, D) uint8 (given labels (B,) for a
     class-conditional model, if any); each rank scores its shard and the float64 sums are added up,
-    so any world size gives the same figure."""
+    so any world size gives the same figure. A batch (at most the shard) that cannot fit in memory is
+    one sentence before the first."""
+    start, stop = world.shard(len(x))
+    check_forward_fits(model, max(1, min(batch_size, stop - start)), device, asked=batch_size)
     was_training = model.training
     model.eval()
-    start, stop = world.shard(len(x))
     total = torch.zeros((), dtype=torch.float64)
     for i in tqdm(range(start, stop, batch_size), desc=desc, disable=not progress, leave=False):
         y = None if labels is None else labels[i:min(i + batch_size, stop)].to(device)

@@ -1,23 +1,39 @@
-"""Memory bounds: what a device has free, and what sampling a batch would take, checked before
-the work starts so that a batch that cannot fit gets one sentence instead of a swap storm."""
+"""Memory bounds: what a device has free, and what sampling, scoring or training a batch would take,
+checked before the work starts so that a batch that cannot fit gets one sentence instead of a swap storm
+(or an allocation of hundreds of GB and a traceback)."""
 import torch
 
 from .errors import UserError
 from .tuning.machine import available_bytes
 
 
+def _per_position(model):
+    """One position's activations in one block (and the head's outputs), in values."""
+    d_model, d_ff = model.blocks[0].attn.d_model, model.blocks[0].ff[0].weight.shape[1]
+    return 4 * d_model + d_ff + model.head.n_params
+
+
+def forward_bytes(model, batch, training=False, bytes_per_value=4):
+    """Rough peak bytes of a forward pass over `batch` whole images (D positions each): scoring holds
+    about two positions' worth of one block at a time (with the D x D scores of softmax attention);
+    training keeps every block's activations for the backward pass, about 12 d_model + 2 d_ff values a
+    position in each (measured within 15% on the CPU, 5-22% over on an H200: docs/training.md)."""
+    D, blocks = model.length, model.blocks
+    if training:
+        d_model, d_ff = blocks[0].attn.d_model, blocks[0].ff[0].weight.shape[1]
+        return bytes_per_value * batch * D * (len(blocks) * (12 * d_model + 2 * d_ff) + 4 * model.head.n_params)
+    scores = blocks[0].attn.n_heads * D * D if blocks[0].attn.name == "softmax" else 0
+    return bytes_per_value * batch * (D * _per_position(model) * 2 + scores)
+
+
 def sampling_bytes(model, batch, sampler, bytes_per_value=4):
     """Rough peak bytes of sampling `batch` images: the decoding state (linear: S and z per head;
     softmax: the K/V cache of all D positions) or, recomputing, the activations of a forward pass
-    over the whole image (with the L x L scores of softmax attention), plus the per-step activations."""
-    D, blocks = model.length, model.blocks
-    d_model = blocks[0].attn.d_model
-    d_ff = blocks[0].ff[0].weight.shape[1]
-    per_position = 4 * d_model + d_ff + model.head.n_params        # one position's activations
+    over the whole image (`forward_bytes`), plus the per-step activations."""
     if sampler == "recompute":
-        H = blocks[0].attn.n_heads
-        scores = H * D * D if blocks[0].attn.name == "softmax" else 0
-        return bytes_per_value * batch * (D * per_position * 2 + scores)
+        return forward_bytes(model, batch, bytes_per_value=bytes_per_value)
+    D, blocks, per_position = model.length, model.blocks, _per_position(model)
+    d_model = blocks[0].attn.d_model
     state = 0
     for b in blocks:
         E = b.attn.head_dim
@@ -25,13 +41,35 @@ def sampling_bytes(model, batch, sampler, bytes_per_value=4):
     return bytes_per_value * batch * (state + 2 * per_position)
 
 
-def check_batch_fits(model, batch, sampler, device, key="batch_size"):
-    """UserError when sampling `batch` images at once would take more than 80% of the free memory."""
-    need, free = sampling_bytes(model, batch, sampler), 0.8 * available_bytes(device)
+def _check_fits(need, batch, device, key, work, asked=None):
+    """asked: the key's value when more than the batch it runs at (batch: at most the images there are)."""
+    free = 0.8 * available_bytes(torch.device(device))
     if need > free:
         fits = max(1, int(batch * free / need))
-        raise UserError(f"{key}={batch} would need about {need / 2**30:.1f} GiB for sampling, more than the "
+        value = f"{asked} ({batch} images at once)" if asked and asked != batch else batch
+        raise UserError(f"{key}={value} would need about {need / 2**30:.1f} GiB for {work}, more than the "
                         f"{free / 2**30:.1f} GiB free; lower {key} (about {fits} fits).")
+
+
+def check_batch_fits(model, batch, sampler, device, key="batch_size", asked=None):
+    """UserError when sampling `batch` images at once would take more than 80% of the free memory."""
+    _check_fits(sampling_bytes(model, batch, sampler), batch, device, key, "sampling", asked)
+
+
+def check_forward_fits(model, batch, device, key="batch_size", training=False, bytes_per_value=4, asked=None):
+    """UserError when scoring (or, training=True, training on) `batch` images at once would take more
+    than 80% of the free memory of `device` (bytes_per_value 2: bfloat16 activations)."""
+    need = forward_bytes(model, batch, training, bytes_per_value)
+    _check_fits(need, batch, device, key, "training" if training else "scoring the images", asked)
+
+
+def sampling_batch(model, batch_size, n, sampler, device):
+    """The batch that sampling n images batch_size at a time runs at, min(batch_size, n), checked to fit:
+    before anything measures or allocates at batch_size (batch_size=1000000000 for 2 images was timed at
+    that size by precision=auto: 512 GB)."""
+    batch = min(batch_size, n)
+    check_batch_fits(model, batch, sampler, device, asked=batch_size)
+    return batch
 
 
 def output_bytes(info, images, tiles, nrow, scale, prefix=0, pad=2):

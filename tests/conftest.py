@@ -4,6 +4,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
+
+# The property tests (tests/test_data_fuzz.py) draw fresh examples on each run here, so that
+# runs keep exploring; in CI (.ci/run sets CI=true, as CI services do) they draw a fixed
+# sequence, so that a CI result can be reproduced, and fails only for a change in the code.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 # Without a GPU the Triton kernels run on CPU tensors in Triton's interpreter (tests/test_triton.py);
 # triton decides that when it is first imported, so it is set here, before any test module imports it.

@@ -20,6 +20,7 @@ def model():
 @pytest.mark.parametrize("kwargs,pattern", [
     (dict(guidance=math.nan), "guidance must be a finite number >= 0, got nan"),
     (dict(guidance=math.inf), "guidance must be a finite number >= 0, got inf"),
+    (dict(guidance=100), "guidance must be at most 12, got 100: past 12 it stops helping"),   # streaked noise, exit 0
     (dict(temperature=math.nan), "temperature must be a finite number > 0, got nan"),
     (dict(temperature=math.inf), "temperature must be a finite number > 0, got inf"),
     (dict(n=-1), "n must be a positive number, got -1"),
@@ -64,6 +65,7 @@ def test_complete_takes_float_images_of_whole_bytes(model):
 @pytest.mark.parametrize("arg,pattern", [
     ("guidance=nan", "guidance must be a finite number >= 0, got nan"),
     ("guidance=inf", "guidance must be a finite number >= 0, got inf"),
+    ("guidance=1e9", "guidance must be at most 12, got 1e+09: past 12 it stops helping"),
     ("temperature=nan", "temperature must be a finite number > 0, got nan"),
 ])
 def test_sample_refuses_nan_and_inf(tmp_path, arg, pattern):
@@ -195,3 +197,71 @@ def test_writes_refuse_a_folder_where_the_file_goes(tmp_path):
     with pytest.raises(UserError) as e:
         write_bytes(tmp_path / "x.json", b"{}", "result")
     assert f"{tmp_path / 'x.json'} is a folder, and the result is a file" in one_sentence(e)
+
+
+# ---------------------------------------------------------------- sizes past the data or the memory (issue 45)
+@pytest.mark.parametrize("context,data,length", [(1000000000, "mnist", 784), (784, "mnist", 784),
+                                                 (3072, "cifar10", 3072)])
+def test_context_past_the_sequence_is_refused_before_the_model(tmp_path, context, data, length):
+    """model.context=[1000000000] allocated 64 GB, then a traceback; [784] on MNIST's 784 sub-pixels
+    trained an embedding that never sees a byte."""
+    proc = call("imagegen-train", f"data={data}", f"model.context=[5,{context}]", f"run_dir={tmp_path / 'run'}",
+                "threads=1")
+    one_line_error(proc, f"model.context holds {context}, but an image of this data is {length} sub-pixels long, so "
+                         f"that distance never reaches a byte; use distances from 2 to {length - 1}.")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_longest_context_that_reads_a_byte_is_taken():
+    from dataclasses import asdict
+
+    from imagegen.config import ModelConfig, check_model
+    check_model({**asdict(ModelConfig()), "context": [2, 783]}, length=784)     # x_0 at position 783
+    with pytest.raises(UserError):
+        check_model({**asdict(ModelConfig()), "context": [2, 784]}, length=784)
+
+
+def test_guidance_up_to_the_largest_is_taken():
+    from imagegen.config import check_sampling
+    check_sampling(guidance=12)
+    check_sampling(guidance=0)
+    with pytest.raises(UserError):
+        check_sampling(guidance=12.5)
+
+
+def test_sample_runs_at_the_batch_it_draws(tmp_path, monkeypatch):
+    """num_images=2 batch_size=1000000000: precision=auto timed products at batch 10^9 (512 GB, a traceback)."""
+    from imagegen.commands import sample
+    asked = {}
+    monkeypatch.setattr(sample, "resolve_precision", lambda setting, device, **kw: asked.update(kw) or torch.float32)
+    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: asked.update(batch_size=kw["batch_size"])
+                        or torch.zeros(n, 784, dtype=torch.uint8))
+    proc = call("imagegen-sample", "num_images=2", "batch_size=1000000000", "labels=none", "threads=1", "scale=1",
+                f"out={tmp_path / 'x.png'}")
+    assert proc.returncode == 0, proc.stderr
+    assert asked["batch"] == 2 and asked["batch_size"] == 2 and "sampler, batch 2," in proc.stdout
+
+
+def test_batches_past_the_memory_are_one_sentence_before_any_work(tmp_path, monkeypatch, mnist_root):
+    """A batch that cannot fit: sampling, scoring (imagegen-eval, the API's bits_per_dim) and training
+    each refuse it in one sentence (100 MB free here)."""
+    from imagegen import memory
+    from imagegen.commands import sample
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 100 * 2**20)
+    monkeypatch.setattr(sample, "generate", lambda *a, **kw: pytest.fail("sampled"))
+    proc = call("imagegen-sample", "num_images=2000", "batch_size=5000", "labels=none", "precision=float32", "scale=1",
+                f"out={tmp_path / 'x.png'}")
+    one_line_error(proc, "batch_size=5000 (2000 images at once) would need about")
+    assert "GiB for sampling, more than the 0.1 GiB free; lower batch_size (about" in proc.stderr
+    proc = call("imagegen-eval", "checkpoint=mnist-linear", f"data.root={mnist_root}", "batch_size=1000000000",
+                "progress=false")
+    one_line_error(proc, "batch_size=1000000000 (16 images at once) would need about")   # the fixture's 16
+    assert "GiB for scoring the images" in proc.stderr
+    with pytest.raises(UserError) as e:
+        imagegen.load("mnist-linear").bits_per_dim(np.zeros((64, 28, 28, 1), np.uint8), labels=[1] * 64,
+                                                   batch_size=64)
+    assert "batch_size=64 would need about" in one_sentence(e)
+    proc = call("imagegen-train", "data=mnist", f"data.root={mnist_root}", "train.batch_size=32", "threads=1",
+                f"run_dir={tmp_path / 'run'}", "train.progress=false")
+    one_line_error(proc, "train.batch_size=32 would need about")
+    assert "GiB for training" in proc.stderr

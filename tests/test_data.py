@@ -278,3 +278,27 @@ def test_unreadable_files_are_one_sentence(tmp_path, monkeypatch):
         with pytest.raises(UserError, match="cannot read .*Permission denied.*permissions") as e:
             load_split(name, tmp_path, "test")
         one_sentence(e)
+
+
+def test_cifar_batch_of_no_images_is_one_sentence(tmp_path):
+    """A batch of 0 images read as an empty set (issue 45)."""
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({"data": np.zeros((0, 3072), np.uint8), "labels": []}, protocol=4))
+    with pytest.raises(UserError) as e:
+        read_cifar_batch(path)
+    assert f"{path} holds no images (a batch of 0)" in one_sentence(e)
+
+
+@pytest.mark.parametrize("module", ["numpy\n.core", "os\x1b[2Jsystem", "a\u202eb\tc"])
+def test_names_read_from_a_pickle_reach_the_message_escaped(tmp_path, module):
+    """A pickle naming a module with a newline (or any character that is not printable) put that
+    character into the message: found by tests/test_data_fuzz.py (issue 45)."""
+    path = tmp_path / "data_batch_1"
+    def short(text):                       # SHORT_BINUNICODE
+        raw = text.encode()
+        return b"\x8c" + bytes([len(raw)]) + raw
+    path.write_bytes(b"\x80\x04" + short(module) + short("x") + b"\x93.")   # STACK_GLOBAL module.x
+    with pytest.raises(UserError) as e:
+        read_cifar_batch(path)
+    msg = one_sentence(e)
+    assert msg.isprintable() and f"asks to load {module.encode('unicode_escape').decode()}.x" in msg, msg

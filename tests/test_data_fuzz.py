@@ -1,6 +1,8 @@
 """Property-based fuzzing of the MNIST and CIFAR-10 readers: any bytes load as valid data or
-raise the project's one-sentence UserError, never another exception (and never run code)."""
+raise the project's one-sentence UserError, never another exception (and never run code).
+Each run draws fresh examples; in CI (CI set: tests/conftest.py's "ci" profile) a fixed sequence."""
 import gzip
+import os
 import pickle
 
 import numpy as np
@@ -57,7 +59,7 @@ def check_idx(path, content, dims):
     try:
         out = read_idx(path, dims)
     except UserError as e:
-        assert "\n" not in str(e)
+        assert str(e).isprintable(), str(e)          # one line, no terminal controls
         return
     assert out.dtype == np.uint8 and out.ndim == dims
 
@@ -67,7 +69,7 @@ def check_cifar(path, content):
     try:
         x, y = read_cifar_batch(path)
     except UserError as e:
-        assert "\n" not in str(e)
+        assert str(e).isprintable(), str(e)          # one line, no terminal controls
         return
     assert x.dtype == np.uint8 and x.shape == (len(y), 3072) and y.dtype == np.int64
     assert all(0 <= v < 10 for v in y.tolist())
@@ -113,3 +115,8 @@ def test_any_protocol_4_stream_as_a_cifar_batch(tmp_path, content):
 @given(data=st.data())
 def test_mutated_cifar_batches(tmp_path, data, layout):
     check_cifar(tmp_path / "data_batch_1", data.draw(mutations(CIFAR[layout])))
+
+
+def test_ci_draws_a_fixed_sequence():
+    """CI (which sets CI) draws the same examples each run, so that a CI failure can be reproduced."""
+    assert FUZZ.derandomize == bool(os.environ.get("CI"))

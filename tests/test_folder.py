@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fixtures import solid, write_class_folder, write_png_header
+from fixtures import one_sentence, solid, write_class_folder, write_png_header
 from imagegen.data import source
 from imagegen.errors import UserError
 from imagegen.data.folder import read_image, scan
@@ -254,3 +254,41 @@ def test_image_rows_index_like_a_tensor():
         assert torch.equal(x[key], ref[key]), key
     with pytest.raises(IndexError):
         x[torch.tensor([4])]
+
+
+def test_an_empty_class_folder_is_named_not_dropped(tmp_path):
+    """cat/, dog/ and an empty bird/: bird vanished without a word, and dog's label number moved (issue 45)."""
+    write_class_folder(tmp_path / "pics", classes=("cat", "dog"), per_class=1)
+    (tmp_path / "pics" / "bird").mkdir()
+    (tmp_path / "pics" / "bird" / "notes.txt").write_text("no image here")
+    with pytest.raises(UserError) as e:
+        scan(tmp_path / "pics")
+    assert f"the class folder {tmp_path / 'pics' / 'bird'} holds no images" in one_sentence(e)
+
+
+def test_a_class_empty_in_one_split_only_is_kept(tmp_path):
+    write_class_folder(tmp_path / "train", classes=("cat", "dog"), per_class=1)
+    write_class_folder(tmp_path / "test", classes=("cat",), per_class=1)
+    (tmp_path / "test" / "dog").mkdir()                      # dog's images are all in train/
+    assert scan(tmp_path).class_names == ("cat", "dog")
+    (tmp_path / "test" / "bird").mkdir()                     # a class of no split
+    with pytest.raises(UserError, match=f"the class folder {tmp_path / 'test' / 'bird'} holds no images"):
+        scan(tmp_path)
+
+
+def test_conversion_workers_capped_at_the_cores_and_never_negative(tmp_path, monkeypatch):
+    """data.workers=10000 started a process per image; -1 was taken without a word (issue 45)."""
+    from imagegen.data import imagecache
+    write_class_folder(tmp_path / "pics", per_class=1)
+    d = {"name": "folder", "root": str(tmp_path / "pics"), "image_size": 4, "cache": str(tmp_path / "cache")}
+    with pytest.raises(UserError) as e:
+        source.open_cache({**d, "workers": -1}, progress=False)
+    assert "data.workers must be >= 0 (0: one process per core), got -1." in one_sentence(e)
+    monkeypatch.setattr(imagecache, "default_workers", lambda: 1)
+    said, used = [], []
+    real = imagecache._convert_all
+    monkeypatch.setattr(imagecache, "_convert_all", lambda jobs, workers, progress: used.append(workers)
+                        or real(jobs, workers, progress))
+    cache, _ = source.open_cache({**d, "workers": 10000}, progress=False, say=said.append)
+    assert used == [1] and len(cache.images) == 2
+    assert said[0] == "data.workers=10000, but this process may run on 1 core: 1 worker", said

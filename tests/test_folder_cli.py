@@ -55,10 +55,17 @@ def test_prepare_train_eval_complete_on_a_folder(tmp_path):
 
 
 def test_prepare_errors_are_one_sentence(tmp_path):
+    loose = tmp_path / "loose"          # one image, no class folders: the test split takes it (ZeroDivisionError)
+    loose.mkdir()
+    from PIL import Image
+    Image.new("RGB", (8, 8)).save(loose / "a.png")
     for args, pattern in ((["prepare", "data.image_size=8"],
                            "images does not exist; point data.root at a folder of images"),
                           (["prepare", f"data.root={tmp_path}", "data.channels=2"], "data.channels must be 1"),
-                          (["bake"], "needs a verb")):
+                          (["bake"], "needs a verb"),
+                          (["prepare", f"data.root={tmp_path}", "threads=-1"], "threads must be >= 0"),
+                          (["prepare", f"data.root={loose}", "data.image_size=8", "progress=false"],
+                           f"the train split of {loose} is empty (1 image in all); add images")):
         proc = call("imagegen-data", *args)
         assert proc.returncode and pattern in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 

@@ -7,6 +7,8 @@ import torch
 from imagegen.tuning import threads
 from imagegen.errors import UserError
 
+CORES = threads.cores                                    # the real one (the fixture below replaces it)
+
 STAT = """cpu  {a} 0 0 {b} 0 0 0 0 0 0
 cpu0 {busy0} 0 0 {idle0} 0 0 0 0 0 0
 cpu1 {busy1} 0 0 {idle1} {iowait1} 0 0 0 0 0
@@ -23,6 +25,7 @@ def stat(busy0, idle0, busy1, idle1, iowait1=0):
 def keep_threads(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.setattr(threads, "_said", set())
+    monkeypatch.setattr(threads, "cores", lambda: 64)    # counts below fit any machine (the cap's tests set their own)
     yield
     torch.set_num_threads(before)
 
@@ -191,3 +194,50 @@ def test_the_python_api_fits_threads_at_load_and_looks_again_later(monkeypatch, 
     torch.set_num_threads(1)
     fixed._fit_threads()
     assert torch.get_num_threads() == 2 and len(looks) == 3
+
+
+# ---------------------------------------------------------------- counts past the cores, negative counts (issue 45)
+def test_threads_past_the_cores_are_capped_in_one_line_once(monkeypatch, probes_on):
+    """threads=10000: train and sample died in libgomp ("Thread creation failed"), eval held 21 GB."""
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    said = []
+    for _ in range(3):
+        assert threads.fit_threads(10000, measure=lambda: 1, tell=said.append) == 2
+        assert torch.get_num_threads() == 2
+    assert said == ["threads=10000, but this process may run on 2 cores: 2 threads (more would only wait for "
+                    "each other)"]
+    assert threads.fit_threads(2, measure=lambda: 2, tell=said.append) == 2 and len(said) == 1   # at the cores: silent
+
+
+def test_the_cap_holds_without_probes_and_on_the_real_machine(monkeypatch):
+    monkeypatch.setenv("IMAGEGEN_PROBE", "0")
+    monkeypatch.setattr(threads, "cores", CORES)         # this machine's own count
+    assert threads.fit_threads(10000, tell=lambda line: None) == len(threads.allowed_cpus())
+    assert torch.get_num_threads() == len(threads.allowed_cpus())
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "2"])
+def test_threads_that_are_not_a_count_are_one_sentence(bad):
+    with pytest.raises(UserError, match=f"threads must be >= 0 .*got {bad!r}"):
+        threads.fit_threads(bad)
+
+
+def test_every_command_and_the_api_cap_threads(monkeypatch, tmp_path):
+    """The cap sits where every command (commands/cli.resolve_device) and load(threads=N) set the count."""
+    import imagegen
+    from commands import call
+    from imagegen.commands import sample
+    monkeypatch.setattr(threads, "cores", lambda: 1)
+    seen = []
+    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: seen.append(torch.get_num_threads())
+                        or torch.zeros(n, 784, dtype=torch.uint8))
+    proc = call("imagegen-sample", "threads=10000", "num_images=1", "labels=none", "scale=1",
+                f"out={tmp_path / 'x.png'}")
+    assert proc.returncode == 0 and seen == [1], proc.stderr
+    assert "threads=10000, but this process may run on 1 core: 1 thread" in proc.stderr
+    model = imagegen.load("mnist-linear", threads=10000)
+    torch.set_num_threads(2)
+    model._fit_threads()
+    assert model.threads == 1 and torch.get_num_threads() == 1
+    with pytest.raises(UserError, match="threads must be >= 0"):
+        imagegen.load("mnist-linear", threads=-1)

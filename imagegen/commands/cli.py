@@ -300,6 +300,7 @@ def hydra_entry(config_name, task):
                     raise UserError(f"{command_name(config_name)} needs {', '.join(f'{k}=...' for k in missing)}; "
                                     f"see {command_name(config_name)} --help.")
                 plain = OmegaConf.to_container(cfg, resolve=True)
+                config.check_threads(plain["threads"])      # every command, those that import no torch too
                 task(plain, resolve_device(plain["device"], plain["threads"]) if uses_device else None)
             except UserError as e:
                 sys.exit(f"error: {e}")
@@ -315,14 +316,11 @@ def hydra_entry(config_name, task):
 
 def resolve_device(name="auto", threads=0):
     """The torch device `name` asks for (config.check_device, as the Python API's load); on the CPU,
-    torch's thread count fitted to the cores free now (threads=0) or set to threads=N
+    torch's thread count fitted to the cores free now (threads=0) or set to threads=N, at most the cores
     (imagegen.tuning.threads.fit_threads)."""
-    import torch
     config.check_sampling(threads=threads)
     device = config.check_device(name)
-    if device.type == "cpu":
+    if device.type == "cpu" or threads:
         from ..tuning.threads import fit_threads
         fit_threads(int(threads))
-    elif threads:
-        torch.set_num_threads(int(threads))
     return device

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..store import checkpoint, checks, shipped
 from ..store.format import FORMAT
 from .cli import hydra_entry
+from ..config import check_sampling
 from ..data.sets import load_from_config
 from ..errors import UserError
 from ..bits_per_dim import bits_per_dim
@@ -28,6 +29,7 @@ def convert(cfg, device):
     with this command's guidance, precision and checks over it."""
     if cfg["check_images"] < 0:
         raise UserError(f"check_images must be >= 0 (0: skip the check), got {cfg['check_images']}.")
+    check_sampling(guidance=cfg["guidance"])          # the default every later sample takes
     precision = shipped.check_precision(cfg.get("precision", "float32"))
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)

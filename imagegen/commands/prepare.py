@@ -55,6 +55,8 @@ def folder_report(d, cfg):
         lines.append(f"skipped: {m['skipped']:,} unreadable files (listed in {where / 'skipped.txt'})")
     if m.get("outside"):
         lines.append(f"left out: {len(m['outside']):,} images beside the class folders, in none")
+    if not len(rows["train"]):               # e.g. one loose image: the test split took it
+        raise source.empty_split("train", d["root"], len(cache.images))
     grid = where / "grid.png"
     fresh = why is None and grid.exists() and grid.stat().st_mtime >= (where / imagecache.MANIFEST).stat().st_mtime
     train = None if fresh and not cfg["grid"] else source.ImageRows(cache.images, rows["train"])

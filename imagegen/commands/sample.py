@@ -10,7 +10,7 @@ from .cli import hydra_entry
 from ..config import check_sample, class_numbers
 from ..data.sets import dataset_info, load_from_config
 from ..files import OUTPUTS, check_replaceable, check_target, encode_image, image_format, write_folder, write_owned
-from ..memory import check_request_fits
+from ..memory import check_request_fits, sampling_batch
 from ..ops.build import prebuilt_only
 from ..dtypes import dtype_name
 from ..errors import UserError
@@ -38,6 +38,16 @@ def grid_labels(cfg, model):
     if model.num_classes and cfg["label"] is not None:
         return torch.tensor([cfg["label"]]), cfg["num_images"]
     return None, cfg["num_images"]
+
+
+def images_drawn(cfg, num_classes, info):
+    """How many images the request samples at most (grid: num_images, or nrow per label row; complete:
+    completions for each original: num_originals, or one per class of the data)."""
+    if cfg["mode"] == "complete":
+        originals = max(1, info.num_classes) if cfg["originals"] == "per_class" else cfg["num_originals"]
+        return originals * cfg["completions"]
+    rows = label_rows(cfg, num_classes)
+    return len(rows) * cfg["nrow"] if rows is not None else cfg["num_images"]
 
 
 def labels_given(cfg, num_classes, class_names):
@@ -102,17 +112,18 @@ def run_sample(cfg, device):
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
-    measured = dict(dims=model_dims(model), batch=cfg["batch_size"], record=ck.get("record"))  # for precision=auto
+    batch = sampling_batch(model, cfg["batch_size"], images_drawn(cfg, num_classes, info), sampler, device)
+    measured = dict(dims=model_dims(model), batch=batch, record=ck.get("record"))  # for precision=auto
     dtype = resolve_precision(cfg["precision"], device, **measured)
     if note := slow_bf16_note(dtype, device):
         print(note)
     guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
-    common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=cfg["batch_size"],
+    common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=batch,
                   progress=cfg["progress"], dtype=dtype, guidance=guidance)
     def before_sampling(n):                  # the outputs checked again; threads=0: measured at the batch the loop runs
         check_outputs(cfg, out, n)
         if device.type == "cpu" and not cfg.get("threads") and sampler == "step":
-            if line := choose_threads(model, min(cfg["batch_size"], n), dtype)[1]:
+            if line := choose_threads(model, min(batch, n), dtype)[1]:
                 print(wrapped(line))
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -152,7 +163,7 @@ def run_sample(cfg, device):
     if model.num_classes:
         conditioning = f", labels given, guidance {guidance:g}" if labels is not None else ", no labels"
     print(f"{len(seqs)} images in {seconds:.1f} s ({len(seqs) / seconds:.2f} images/sec): the {label} sampler, "
-          f"batch {cfg['batch_size']}, {dtype_name(dtype)}{conditioning}")
+          f"batch {min(batch, len(seqs))}, {dtype_name(dtype)}{conditioning}")
     if why := precision_reason(cfg["precision"], device, **measured):
         print(wrapped(f"precision={cfg['precision']} took {dtype_name(dtype)}{why}"))
 

@@ -1,7 +1,7 @@
 """Typed configuration (schema.py: every option's type, default and help sentence, registered with
 Hydra) and the checks of a composed config (checks.py). This face only re-exports."""
 from .checks import (MAX_SEED, attention_options, check_classes, check_device, check_eval, check_model,  # noqa: F401
-                     check_sample, check_sampling, check_train, class_numbers, fits, fraction,
+                     check_sample, check_sampling, check_threads, check_train, class_numbers, fits, fraction,
                      full_attention_options, positive, shown, unknown_option, whole)
 from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,  # noqa: F401
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,

@@ -79,9 +79,9 @@ def fraction(value, key, low_open=False, high_open=False):
         raise UserError(f"{key} must lie in {interval}, got {value}.")
 
 
-def check_model(m, memory_bytes=None, prefix="model."):
-    """Sizes positive, dropout a rate, and the parameters (with gradients and Adam's two moments)
-    within `memory_bytes` when given."""
+def check_model(m, memory_bytes=None, prefix="model.", length=None):
+    """Sizes positive, dropout a rate, context distances below the sequence length D (`length`, when
+    given), and the parameters (with gradients and Adam's two moments) within `memory_bytes` when given."""
     positive(m, ("n_layers", "d_model", "n_heads", "d_ff", "n_mixtures"), prefix)
     fraction(m["dropout"], prefix + "dropout")
     if m.get("num_classes", 0) < 0:
@@ -93,6 +93,9 @@ def check_model(m, memory_bytes=None, prefix="model."):
     if any(not isinstance(o, int) or o < 2 for o in context) or len(set(context)) < len(context):
         raise UserError(f"{prefix}context must list distinct sub-pixel distances >= 2 (1 is the input byte itself), "
                         f"got {context}.")
+    if length and context and max(context) >= length:      # it would read only the start symbol
+        raise UserError(f"{prefix}context holds {max(context)}, but an image of this data is {length} sub-pixels "
+                        f"long, so that distance never reaches a byte; use distances from 2 to {length - 1}.")
     if memory_bytes:
         d, ff = m["d_model"], m["d_ff"]
         params = m["n_layers"] * (4 * d * d + 2 * d * ff) + 300 * d
@@ -103,7 +106,8 @@ def check_model(m, memory_bytes=None, prefix="model."):
                             f"available; lower model.n_layers, model.d_model or model.d_ff.")
 
 
-def check_train(cfg, memory_bytes=None):
+def check_train(cfg, memory_bytes=None, length=None):
+    """The train, data and model sections of an imagegen-train config; length: the data's sequence length D."""
     t = cfg["train"]
     positive(t, ("batch_size", "lr", "max_steps", "val_every", "val_images", "save_every", "log_every",
                  "sample_images"), "train.")
@@ -121,9 +125,16 @@ def check_train(cfg, memory_bytes=None):
     if len(t["betas"]) != 2 or not all(0 <= b < 1 for b in t["betas"]):
         raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
     fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
-    check_model(cfg["model"], memory_bytes)
+    check_model(cfg["model"], memory_bytes, length=length)
     if cfg["model"]["attention"] in ATTENTION_OPTIONS:     # an option the attention lacks (+key=...), a wrong type
         attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
+
+
+# Guidance past this stops helping: above G = 1 a value is lifted at most e^((G-1)B) times over p_c
+# (B = model.heads.GUIDANCE_BOUND = 0.5): e^5.5, about 245, at G = 12, the 256 values' range; above it a
+# value the class rates below 1/256 of its likeliest overtakes it, and samples turn to streaks and noise
+# (mnist-linear: samples' own bits/dim 0.83 at G = 1, 1.86 at 12, 2.59 at 16, 7.6 at 100; docs/guidance.md).
+MAX_GUIDANCE = 12
 
 
 MAX_SEED = 2 ** 64 - 1          # torch.Generator.manual_seed takes an unsigned 64-bit seed
@@ -154,13 +165,17 @@ def check_sampling(**values):
     """The numbers of a sampling request, checked alike for imagegen-sample (check_sample), every command's
     threads= (cli.resolve_device) and the Python API: counts (n, num_images, nrow, batch_size, ...) whole
     numbers > 0, seed a whole number in 0..2**64-1 (what torch's generator takes), threads a whole number
-    >= 0 (None: torch's count left alone), temperature a finite number > 0, guidance a finite number >= 0
-    (None: the model's default); one sentence naming the value and the fix."""
+    >= 0 (None: torch's count left alone), temperature a finite number > 0, guidance a finite number from 0
+    up to MAX_GUIDANCE (None: the model's default); one sentence naming the value and the fix."""
     for key, value in values.items():
         if key == "guidance":
             if value is not None and not (isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0):
                 raise UserError(f"guidance must be a finite number >= 0, got {shown(value)}; pass guidance=G with "
                                 f"G >= 0 (1: the plain conditional distribution).")
+            if value is not None and value > MAX_GUIDANCE:
+                raise UserError(f"guidance must be at most {MAX_GUIDANCE}, got {value:g}: past {MAX_GUIDANCE} it stops "
+                                f"helping and samples turn to streaks and noise (docs/guidance.md); the shipped models "
+                                f"sample at 3 (mnist-linear) and 6 (cifar10-linear).")
         elif key == "temperature":
             if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
                 raise UserError(f"temperature must be a finite number > 0, got {shown(value)}; pass temperature=T "
@@ -169,7 +184,7 @@ def check_sampling(**values):
             whole(value, key, 0, MAX_SEED, "in 0..2**64-1")
         elif key == "threads":
             if value is not None:
-                whole(value, key, 0, note=" (0: the cores free now)")
+                check_threads(value)
         else:
             whole(value, key)
 
@@ -260,3 +275,9 @@ def check_eval(cfg):
     positive(cfg, ("batch_size", "lsh_draws"), "")
     if cfg["max_images"] is not None:
         positive(cfg, ("max_images",), "")
+
+
+def check_threads(threads):
+    """threads (a command's threads=, the API's load(threads=)) a whole number >= 0; one sentence otherwise.
+    Every command checks it at start, those that run no torch too (imagegen.tuning.threads caps it at the cores)."""
+    whole(threads, "threads", 0, note=" (0: the cores free now; N: N threads, at most the cores)")

@@ -107,7 +107,7 @@ class DataOverride:
 
 @dataclass
 class TrainOptions:
-    batch_size: int = opt(16, "images per optimizer step")
+    batch_size: int = opt(16, "images per optimizer step (more than fit in memory: one sentence)")
     optimizer: str = opt("adamw", "adamw, adam or radam")
     lr: float = opt(1e-3, "peak learning rate, reached after warmup_steps")
     betas: List[float] = opt([0.9, 0.98], "Adam's two decay rates")
@@ -173,7 +173,8 @@ class CheckpointCommand:
 @dataclass
 class EvalConfig(CheckpointCommand):
     split: str = opt("test", "test, val or train")
-    batch_size: int = opt(32, "images per forward pass")
+    batch_size: int = opt(32, "images per forward pass (at most the images scored; more than fit in "
+                                  "memory: one sentence)")
     max_images: Optional[int] = opt(None, "evaluate only the first N images (null: all)")
     lsh_draws: int = opt(1, "LSH: average the NLL over this many seeded hash draws")
     lsh_seed: int = opt(0, "LSH: seed of the first hash draw")
@@ -211,7 +212,8 @@ class SampleConfig(CheckpointCommand):
                                  "beside out and .imagegen-files.json in the folder, so the same command again "
                                  "replaces its own files)")
     sampler: str = opt("auto", "auto (step when the attention can, else recompute), step or recompute")
-    batch_size: int = opt(64, "images sampled together")
+    batch_size: int = opt(64, "images sampled together (at most the images asked for; more than fit in "
+                                  "memory: one sentence)")
     temperature: float = opt(1.0, "sampling temperature (> 0; 1 samples the model's distribution)")
     seed: int = opt(0, "seed of the draws")
     precision: str = opt("auto", "matrix products in float32, bfloat16 (sums, LayerNorm, the head and the draw stay "
@@ -223,8 +225,8 @@ class SampleConfig(CheckpointCommand):
     label: Optional[int] = opt(None, "class-conditional models, grid mode: every image of this class (0..C-1)")
     labels: Any = opt("auto", "class-conditional models: a list of classes, one grid row (nrow images) each; auto: "
                               "one row per class (complete mode: each test image's own label); none: no labels")
-    guidance: Optional[float] = opt(None, "classifier-free guidance G (1: the plain conditional distribution, > 1: "
-                                          "more typical of the class); null: the model's recorded default, else 1")
+    guidance: Optional[float] = opt(None, "classifier-free guidance G, 0 to 12 (1: the plain conditional distribution, "
+                                          "> 1: more typical of the class); null: the model's recorded default, else 1")
     threads: int = opt(0, "CPU threads for torch (0: measured: the cores free at start, then a few decoding steps "
                           "are timed with that many and with 1 thread, and the faster is kept, as the output says)")
 
@@ -254,7 +256,7 @@ class ConvertConfig:
     checkpoint: str = opt(MISSING, "a .pt checkpoint written by imagegen-train (its averaged weights when it has them)",
                           example="checkpoints/run/best.pt")
     out: str = opt(MISSING, "path without suffix: writes OUT.safetensors and OUT.json", example="checkpoints/my-model")
-    guidance: float = opt(1.0, "the classifier-free guidance imagegen-sample uses for this model by default")
+    guidance: float = opt(1.0, "the classifier-free guidance imagegen-sample uses for this model by default (0 to 12)")
     check_images: int = opt(500, "score the first N test images with the converted file and record the bits/dim "
                                  "(0: skip)")
     batch_size: int = opt(32, "images per forward pass of the check")

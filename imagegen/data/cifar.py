@@ -131,6 +131,8 @@ def read_cifar_batch(path, name="cifar10"):
     if not isinstance(labels, list) or not all(_is_label(v, n) for v in labels):
         raise UserError(f"{path} holds {spec.labels} that are not a list of integers 0..{n - 1}; it is not "
                         f"{spec.title}, download it again.")
+    if not len(data):
+        raise UserError(f"{path} holds no images (a batch of 0); it is not {spec.title}, download it again.")
     if len(labels) != len(data):
         raise UserError(f"{path} holds {len(data)} images but {len(labels)} labels; download it again.")
     # channel-planar R(1024) G(1024) B(1024) -> raster order with r, g, b interleaved per pixel

@@ -1,7 +1,8 @@
 """Image folders: find every image under a folder and read one as the model will see it.
 
 Layout (torchvision's ImageFolder convention):
-  DIR/<class>/**/<image>        labels from the first level of subfolders, named by them
+  DIR/<class>/**/<image>        labels from the first level of subfolders, named by them; a class
+                                folder without images is refused (its class would vanish unsaid)
   DIR/**/<image>                no class folders: unlabelled
   DIR/{train,test,val}/...      with train/ and test/ (or val/) beside it, these subfolders are the
                                 splits, each laid out as above with the same class folders
@@ -121,6 +122,13 @@ def scan(root):
         raise UserError(f"{root}/{have[0]} has class folders but {root}/{lack[0]} has none; give every split "
                         f"folder the same class folders, or none.")
     classes = tuple(sorted({e.cls for e in entries if e.cls is not None}))
+    for split in (s for s in splits if labelled[s]):     # a class folder without images: never a silent drop
+        base = os.path.join(root, split) if split else root
+        empty = [c for c in _subfolders(base) if c not in classes]
+        if empty:
+            raise UserError(f"the class folder {os.path.join(base, empty[0])} holds no images (each folder at the "
+                            f"first level is a class, and a class needs images to learn from); put images in it "
+                            f"or move it out of {base}.")
     return Scan(tuple(sorted(entries, key=lambda e: e.path)), classes, tuple(outside))
 
 

@@ -111,6 +111,13 @@ def open_cache(d, progress=True, say=print, check_only=False):
     if not d.get("root") or str(d["root"]).endswith("???"):
         raise UserError(f"data={d['name']} needs the folder: data.root=DIR.")
     root, workers = Path(d["root"]).expanduser(), d.get("workers", 0) or 0
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        raise UserError(f"data.workers must be >= 0 (0: one process per core), got {workers!r}.")
+    if workers > imagecache.default_workers():          # more processes than cores only wait for each other
+        cores = imagecache.default_workers()
+        say(f"data.workers={workers}, but this process may run on {cores} core{'s' * (cores != 1)}: {cores} "
+            f"worker{'s' * (cores != 1)}")
+        workers = cores
     if d["name"] in imagenet.SIZES:
         return imagecache.ensure(root, cache_dir(d), imagenet.settings(d["name"]), workers, progress, say, check_only,
                                  scan_fn=imagenet.scan, build_fn=imagenet.build)
@@ -149,6 +156,13 @@ def split_rows(split_codes, splits, val_fraction, test_fraction, seed):
     return {s: rows[s] for s in splits}
 
 
+def empty_split(split, root, images):
+    """The UserError for a folder whose `split` holds no image (images: how many the folder has)."""
+    return UserError(f"the {split} split of {root} is empty ({images} image{'s' * (images != 1)} in all); add "
+                     f"images (a {split}/ folder, or more images for data.val_fraction and data.test_fraction to "
+                     f"take from).")
+
+
 def load(d, splits, labels=False, progress=True, say=print):
     """[ImageRows of each split] (or [(ImageRows, labels (B,) int64 tensor)] with labels=True) of a
     folder data config, converting the folder first when its cache is missing or out of date."""
@@ -168,9 +182,7 @@ def load(d, splits, labels=False, progress=True, say=print):
     for split in splits:
         idx = chosen[split]
         if len(idx) == 0:
-            raise UserError(f"the {split} split of {d['root']} is empty ({len(cache.images)} images); add images "
-                            f"(a {split}/ folder, or more images for data.val_fraction and data.test_fraction to "
-                            f"take from).")
+            raise empty_split(split, d["root"], len(cache.images))
         x = ImageRows(cache.images, idx)
         out.append((x, torch.from_numpy(cache.labels[idx].copy())) if labels else x)
     return out

@@ -20,6 +20,7 @@ from ..data.sets import dataset_info, load_from_config
 from ..dtypes import autocast
 from ..errors import UserError
 from ..lock import folder_lock
+from ..memory import check_forward_fits
 from ..model.transformer import build_model
 from ..ops import auto_impl_line, ensure_kernel
 from ..precision import bf16_reason, use_bf16
@@ -72,7 +73,7 @@ def train(cfg, device):
     under torchrun, as one rank of the job. Returns the final RunState."""
     world, device = distributed.setup(device)
     try:
-        check_train(cfg, available_bytes(device))
+        check_train(cfg, available_bytes(device), dataset_info(cfg["data"]).length)
         if cfg["train"]["batch_size"] % world.size:
             raise UserError(f"train.batch_size={cfg['train']['batch_size']} does not divide among {world.size} "
                             f"processes; use a multiple of {world.size}.")
@@ -113,6 +114,8 @@ class Trainer:
                             f"{t['batch_size']}; lower the batch size or add data.")
         torch.manual_seed(cfg["seed"])
         self.model = build_model(cfg["model"], self.info).to(device)
+        check_forward_fits(self.model, t["batch_size"] // world.size, device, "train.batch_size", training=True,
+                           bytes_per_value=2 if self.bf16 else 4)
         self.opt = make_optimizer(self.model.parameters(), t)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if t["ema"] else None
         self.state = RunState()

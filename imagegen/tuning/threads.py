@@ -12,7 +12,9 @@ thread count itself.
 caller sleeps meanwhile, so its own threads are not counted as load), and `fit_threads(requested)`,
 run at start by every command (commands/cli.resolve_device) and by the Python API, sets torch's
 thread count: threads=0 (the default) -> the free cores (at least 1, at most torch's default);
-threads=N is kept, with one line when N is more than the cores free now. Under torchrun the free
+threads=N is kept, with one line when N is more than the cores free now, up to the cores this process may run on
+(`cores()`): more threads than cores can only wait for each other (threads=10000 made libgomp fail to
+create them, or hold 21 GB of stacks), so N is capped there, in one line. Under torchrun the free
 cores are shared among the processes of the machine (LOCAL_WORLD_SIZE).
 
 A long run's neighbours come and go: `Watch` follows the trainer's step times and, when the median
@@ -29,6 +31,7 @@ import time
 import torch
 
 from . import probe
+from ..config.checks import check_threads
 from ..say import say
 
 INTERVAL = 0.2       # seconds of /proc/stat counted
@@ -77,6 +80,11 @@ def idle_cores(before, after, cpus):
     return total
 
 
+def cores():
+    """How many cores this process may run on: the most threads that can run at once."""
+    return len(allowed_cpus())
+
+
 def free_cores(interval=INTERVAL, read=read_stat, sleep=time.sleep, cpus=None):
     """How many of our cores are free now: the idle time of the cores this process may use over
     `interval` seconds (this process sleeping meanwhile), counted in whole cores (one counts from
@@ -102,17 +110,24 @@ def share(free):
 def fit_threads(requested=0, measure=None, tell=say):
     """Set torch's thread count for this process and return it. requested=0: the cores free now
     (at least 1, at most torch's default); with IMAGEGEN_PROBE=0, or where nothing can be measured,
-    torch's count as it stands (the rule). requested=N: N, said once in one line when more than the cores free now."""
-    if requested < 0:
-        from ..errors import UserError
-        raise UserError(f"threads must be >= 0 (0: the cores free now), got {requested}.")
+    torch's count as it stands (the rule). requested=N: N, said once in one line when more than the cores free now;
+    at most cores(), said once in one line when N is more. A negative or fractional count: one sentence."""
+    check_threads(requested)
     free = (measure or free_cores)() if probe.enabled() else None
-    if requested:
-        torch.set_num_threads(int(requested))
+    if requested > cores():
+        if ("cap", requested) not in _said:
+            _said.add(("cap", requested))
+            n, s = cores(), "s" * (cores() != 1)
+            tell(f"threads={requested}, but this process may run on {n} core{s}: {n} thread{s} (more would only "
+                 f"wait for each other)")
+        requested = cores()
+    elif requested:
         if free is not None and requested > max(1, free) and (requested, free) not in _said:
             _said.add((requested, free))
             tell(f"threads={requested}, but {free} of {len(allowed_cpus())} cores are free now: a thread waiting "
                  f"for a busy core slows every step (threads=0 fits the free cores; docs/threads.md)")
+    if requested:
+        torch.set_num_threads(int(requested))
         return int(requested)
     if free is None:                           # the rule: torch's count as it stands
         return torch.get_num_threads()

@@ -300,7 +300,8 @@ def hydra_entry(config_name, task):
                     raise UserError(f"{command_name(config_name)} needs {', '.join(f'{k}=...' for k in missing)}; "
                                     f"see {command_name(config_name)} --help.")
                 plain = OmegaConf.to_container(cfg, resolve=True)
-                config.check_threads(plain["threads"])      # every command, those that import no torch too
+                if "threads" in plain:                      # every command that has it, those that import no torch too
+                    config.check_threads(plain["threads"])
                 task(plain, resolve_device(plain["device"], plain["threads"]) if uses_device else None)
             except UserError as e:
                 sys.exit(f"error: {e}")

@@ -189,21 +189,74 @@ def int8_case(d_in, d_out, rows):
     return x, w, b, pack_int8(w)
 
 
-@pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "portable"])
+FORMS = ("vnni", "avx2", "portable")    # the int8 product: AVX512-VNNI, AVX2 (the sign trick), vector extensions
+
+
+def runs_form(kernel, form):
+    """Skip unless this CPU runs `form` of the kernel's int8 product."""
+    if form not in kernel.decode_int8_forms():
+        pytest.skip(f"this CPU does not run the int8 product's {form} form")
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("d_in, d_out", KERNEL_SHAPES)
-def test_int8_kernel_is_its_reference(int8_kernel, d_in, d_out, rows, vnni):
+def test_int8_kernel_is_its_reference(int8_kernel, d_in, d_out, rows, form):
     """The kernel's int32 sums are exact and equal the reference's: the outputs differ only by the
     rounding of the last multiply-add, which the kernel may fuse: |got - want| <= 2^-22 (|want| + |b|).
     A sum off by one would miss that bound for |sums| under 2^22 (here they stay under 2^20)."""
     from imagegen.ops.int8 import linear_int8_reference
+    runs_form(int8_kernel, form)
     x, w, b, packed = int8_case(d_in, d_out, rows)
-    got = int8_kernel.decode_linear_int8(x, *packed, b, vnni)
+    got = int8_kernel.decode_linear_int8(x, *packed, b, form)
     want = linear_int8_reference(x, packed, b)
     assert got.dtype == torch.float32 and got.shape == (rows, d_out)
     assert ((got - want).abs() <= 2.0 ** -22 * (want.abs() + b.abs())).all()
-    if vnni and not int8_kernel.decode_int8_vnni():
-        pytest.skip("no AVX512-VNNI here: vnni=True ran the portable loop")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_int8_forms_sum_extreme_bytes_exactly(int8_kernel, rows):
+    """Every form's int32 sums equal the exact integer product at the extremes of its bytes, where AVX2's
+    vpmaddubsw would saturate its 16-bit pairs if fed the stored activations xu = xs + 128 (255 x 127 twice:
+    64770): activations quantized to -127, 0 and 127 (xu 1, 128, 255) against weights -128, -127, 0, 127,
+    in every pairing and in long runs of one sign. Scales of 1 and a zero bias make the outputs the sums
+    themselves (under 2^24 in magnitude: exact in float32), so outputs are compared for equality."""
+    from imagegen.ops.int8 import lay_out_int8
+    K, O = 1024, 136                               # O: two panels and a ragged third
+    g = torch.Generator().manual_seed(rows)
+    levels = torch.tensor([-128, -127, 0, 127], dtype=torch.int8)
+    q = levels[torch.randint(0, 4, (K, O), generator=g)]
+    q[:, 0], q[:, 1], q[:, 2] = 127, -128, -127        # whole columns of one extreme
+    q[: K // 2, 3], q[K // 2:, 3] = 127, -128
+    xs = torch.tensor([-127.0, 0.0, 127.0])[torch.randint(0, 3, (rows, K), generator=g)]
+    xs[0] = 127.0                                      # a row of 255s (xu): the largest pairs
+    xs[0, :2] = -127.0
+    if rows > 1:
+        xs[1] = -127.0                                 # a row of 1s (xu)
+    packed = (lay_out_int8(q), torch.ones(O), q.sum(0, dtype=torch.int32))
+    want = (xs.double() @ q.double()).float()          # max|x| = 127 per row: sx = 1, xs = x exactly
+    assert want.abs().max() > 127 * 128 * 1000         # far past int16 and vpmaddubsw's pairs
+    for form in int8_kernel.decode_int8_forms():
+        assert torch.equal(int8_kernel.decode_linear_int8(xs, *packed, torch.zeros(O), form), want), form
+
+
+def test_int8_avx2_form_is_the_vnni_form(int8_kernel):
+    """The AVX2 form, forced on a CPU with AVX512-VNNI, gives the VNNI form's outputs (the same int32 sums,
+    the same float32 arithmetic after them) at the batches sampling runs."""
+    runs_form(int8_kernel, "vnni")
+    for rows in (1, 4, 16, 67):
+        x, w, b, packed = int8_case(256, 1024, rows)
+        want = int8_kernel.decode_linear_int8(x, *packed, b, "vnni")
+        got = int8_kernel.decode_linear_int8(x, *packed, b, "avx2")
+        assert torch.allclose(got, want, rtol=2 ** -22, atol=2 ** -22 * b.abs().max().item()), rows
+
+
+def test_int8_form_asked_for_is_checked(int8_kernel):
+    x, w, b, packed = int8_case(64, 64, 1)
+    forms = int8_kernel.decode_int8_forms()
+    assert forms[-1] == "portable" and int8_kernel.decode_int8_form() == forms[0]   # auto: the best, unless forced
+    with pytest.raises(RuntimeError, match="must be vnni, avx2 or portable"):
+        int8_kernel.decode_linear_int8(x, *packed, b, "sse2")
 
 
 @pytest.mark.parametrize("rows", [1, 4, 5])

@@ -22,10 +22,12 @@ bits/dim depend on the batch and on which product a probe picked at this thread 
 """
 import contextlib
 import functools
+import os
 import warnings
 
 import torch
 
+from ..errors import UserError
 from ..tuning import probe
 from ..tuning.machine import has_vnni
 from .build import kernel_error, load_kernel
@@ -94,12 +96,17 @@ def pack_int8(w):
     K, O = w.shape
     scales = (w.abs().amax(0) / 127).clamp_min(1e-12)
     q = torch.round(w / scales).clamp(-127, 127).to(torch.int8)
+    return lay_out_int8(q), scales.contiguous(), q.sum(0, dtype=torch.int32)
+
+
+def lay_out_int8(q):
+    """q (d_in, d_out) int8 -> `pack_int8`'s Wq (ceil(d_out / 64), ceil(d_in / 4), 64, 4), zero-padded."""
+    K, O = q.shape
     Kp = -(-K // INT8_GROUP) * INT8_GROUP
     Op = -(-O // INT8_PANEL) * INT8_PANEL
     padded = torch.zeros(Kp, Op, dtype=torch.int8)
     padded[:K, :O] = q
-    Wq = padded.view(Kp // INT8_GROUP, INT8_GROUP, Op // INT8_PANEL, INT8_PANEL).permute(2, 0, 3, 1).contiguous()
-    return Wq, scales.contiguous(), q.sum(0, dtype=torch.int32)
+    return padded.view(Kp // INT8_GROUP, INT8_GROUP, Op // INT8_PANEL, INT8_PANEL).permute(2, 0, 3, 1).contiguous()
 
 
 def unpack_int8(packed, d_in):
@@ -142,6 +149,22 @@ def step_form(w, b):
     return Wq, torch.stack([b.detach().float(), scales, colsums.view(torch.float32)])
 
 
+_forced = [None]    # "kernel" or "fbgemm" inside `forced_product`
+
+
+@contextlib.contextmanager
+def forced_product(kind):
+    """Inside: decoding's int8 products are `kind`'s ("kernel": the C++ kernel's, so the one-call step;
+    "fbgemm": fbgemm's, so the module loop), whatever `takes_kernel` would measure (benchmarks compare them)."""
+    if kind not in ("kernel", "fbgemm"):
+        raise ValueError(f"forced_product takes 'kernel' or 'fbgemm', not {kind!r}")
+    before, _forced[0] = _forced[0], kind
+    try:
+        yield
+    finally:
+        _forced[0] = before
+
+
 def takes_kernel(batch, d_in, d_out, always=False):
     """Whether int8 products (d_in, d_out) at `batch` rows (0: a forward pass's many, timed at FORWARD_ROWS)
     run on the C++ kernel's int8 product rather than fbgemm's: where the kernel builds and a probe measures
@@ -152,6 +175,8 @@ def takes_kernel(batch, d_in, d_out, always=False):
         return False
     if always:
         return True
+    if _forced[0] is not None:
+        return _forced[0] == "kernel"
     batch = batch or FORWARD_ROWS
     if not probe.enabled():
         return bool(load_kernel("cpu").decode_int8_vnni())
@@ -166,10 +191,28 @@ def takes_kernel(batch, d_in, d_out, always=False):
     return verdict is not None and verdict.chosen
 
 
-def linear_int8_kernel(x, packed, b, vnni=True):
+def linear_int8_kernel(x, packed, b, form="auto"):
     """b + x W through the C++ kernel's `decode_linear_int8` (built on first use) for W packed by
-    `pack_int8`; vnni=False takes its portable loop even where the CPU has AVX512-VNNI."""
-    return load_kernel("cpu").decode_linear_int8(x, *packed, b, vnni)
+    `pack_int8`; form: "auto" (`int8_form`), or "vnni", "avx2", "portable" where this CPU runs it."""
+    return load_kernel("cpu").decode_linear_int8(x, *packed, b, form)
+
+
+FORM_VAR = "IMAGEGEN_INT8_FORM"
+
+
+def int8_form():
+    """The form of the kernel's int8 product that runs here (`kernel.decode_int8_form`): the best this CPU
+    runs ("vnni": AVX512-VNNI, "avx2", else "portable"), or the one FORM_VAR names (e.g. avx2 on an AVX-512
+    CPU, to measure what an AVX2-only CPU runs); None where the kernel is not built."""
+    if kernel_error("cpu") is not None:
+        return None
+    kernel = load_kernel("cpu")
+    try:
+        return kernel.decode_int8_form()
+    except RuntimeError:
+        forms = kernel.decode_int8_forms()
+        raise UserError(f"{FORM_VAR}={os.environ.get(FORM_VAR)!r} is not a form of the int8 product this CPU runs; "
+                        f"set it to one of {', '.join(forms)} (or auto), or leave it unset.") from None
 
 
 def quantize_columns(w):

@@ -18,6 +18,7 @@ Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in i
 residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
 dtype (float32).
 """
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,8 @@ from ..dtypes import INT8
 from ..errors import UserError
 from ..ops import EPS, DecodeHead, DecodeLayer, decode_step
 from ..ops.dense import Dense, dense
+from ..ops.int8 import forced_product
+from .int8_step import int8_one_call
 from .heads import make_head
 
 START = 256  # token id of the start symbol; bytes are 0..255
@@ -165,12 +168,16 @@ class PixelTransformer(nn.Module):
         layer steps through the fused CPU kernel (linear attention), the whole step runs as one
         C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
         dtype dtypes.INT8 (int8 products, quantized here once): every Dense product, the head's included,
-        in int8 (`ops.dense`): through the C++ kernel's int8 product where `ops.int8.takes_kernel`, then in
-        the one-call C++ step too (its head float32), else fbgemm's in the Python module loop."""
+        in int8 (`ops.dense`): through the C++ kernel's int8 product in the one-call C++ step (its head
+        float32) where `int8_step.int8_one_call` measures that faster at this batch, else fbgemm's in the
+        Python module loop."""
         dtype = dtype or self.proj.weight.dtype
-        layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
-        state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device),
-                              head=self.proj.cast(dtype, batch) if dtype == INT8 else None,
+        products = forced_product("kernel" if int8_one_call(self, batch) else "fbgemm") if dtype == INT8 \
+            else nullcontext()
+        with products:
+            layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
+            head = self.proj.cast(dtype, batch) if dtype == INT8 else None
+        state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device), head=head,
                               history=torch.full((batch, max(self.context)), START, dtype=torch.long, device=device)
                               if self.context else None)
         kernel_form = dtype != INT8 or all(isinstance(w, torch.Tensor) for s in layers    # no fbgemm weight

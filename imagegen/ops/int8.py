@@ -11,14 +11,15 @@ docs/notes/code-measurements.md).
 The C++ kernel has its own int8 product (csrc/int8_linear.cpp, `decode_linear_int8`), for any number
 of rows (4 at a time over each panel): `pack_int8` lays W out for it (8 bits per weight, one scale per
 output column as `quantize`, in panels of 64 columns by groups of 4 k), the kernel quantizes each row
-of x with its own scale and sums in int32 (AVX512-VNNI where the CPU has it); `linear_int8_reference`
-computes the same in plain PyTorch. Each row's result depends on that row alone, so evaluation's
+of x with its own scale and sums in int32 (AVX512-VNNI or AVX2 where the CPU has it: `int8_form`);
+`linear_int8_reference` computes the same in plain PyTorch. Each row's result depends on that row alone, so evaluation's
 forward (rows = images x positions) and decoding's step (rows = images) compute the same numbers.
 Decoding and `dense.int8_weights` take it (`Dense.cast`) in `step_form`, which the one-call C++ step
-reads too, where `takes_kernel` says so: where a probe measures it faster than fbgemm's at the rows asked.
-Whole forward passes in int8 (`dense.int8_weights`: evaluation's precision=int8, the conversion's int8 check)
-take the kernel's product wherever it builds, unmeasured: fbgemm's one scale per call would make their
-bits/dim depend on the batch and on which product a probe picked at this thread count.
+reads too, where `takes_kernel` says so: decoding where `model.int8_step.int8_one_call` measures the
+one-call step faster than the module loop with fbgemm's products at the batch (with probes off: where the
+kernel's product has a vector form, AVX512-VNNI or AVX2). Whole forward passes in int8
+(`dense.int8_weights`: evaluation's precision=int8, the conversion's int8 check) take the kernel's product
+wherever it builds, unmeasured: fbgemm's one scale per call would make their bits/dim depend on the batch.
 """
 import contextlib
 import functools
@@ -28,7 +29,6 @@ import warnings
 import torch
 
 from ..errors import UserError
-from ..tuning import probe
 from ..tuning.machine import has_vnni
 from .build import kernel_error, load_kernel
 
@@ -138,9 +138,6 @@ def linear_int8_reference(x, packed, b):
     return acc.float() * (sx[:, None] * packed[1][None, :]) + b.float()
 
 
-FORWARD_ROWS = 256    # the rows a probe times for a forward pass (`takes_kernel`'s batch 0): many
-
-
 def step_form(w, b):
     """w (d_in, d_out), b (d_out,) -> (Wq, extra): `pack_int8`'s Wq and one float32 (3, d_out) tensor of the
     bias, the scales and the column sums (their int32 bits, copied as they are), the form `dense` and the
@@ -155,7 +152,7 @@ _forced = [None]    # "kernel" or "fbgemm" inside `forced_product`
 @contextlib.contextmanager
 def forced_product(kind):
     """Inside: decoding's int8 products are `kind`'s ("kernel": the C++ kernel's, so the one-call step;
-    "fbgemm": fbgemm's, so the module loop), whatever `takes_kernel` would measure (benchmarks compare them)."""
+    "fbgemm": fbgemm's, so the module loop), whatever `takes_kernel` and decoding's probe would pick."""
     if kind not in ("kernel", "fbgemm"):
         raise ValueError(f"forced_product takes 'kernel' or 'fbgemm', not {kind!r}")
     before, _forced[0] = _forced[0], kind
@@ -165,30 +162,24 @@ def forced_product(kind):
         _forced[0] = before
 
 
-def takes_kernel(batch, d_in, d_out, always=False):
-    """Whether int8 products (d_in, d_out) at `batch` rows (0: a forward pass's many, timed at FORWARD_ROWS)
-    run on the C++ kernel's int8 product rather than fbgemm's: where the kernel builds and a probe measures
-    it faster by the margin (`imagegen.tuning.probe`); with probes off, where it has AVX512-VNNI (its
-    portable loop is slow). always=True: wherever the kernel builds, unmeasured (per-row results, which
-    depend neither on how many rows a call holds nor on the thread count)."""
+def forced():
+    """What `forced_product` forces now ("kernel", "fbgemm"), or None."""
+    return _forced[0]
+
+
+def takes_kernel(always=False):
+    """Whether int8 products run on the C++ kernel's int8 product rather than fbgemm's: where the kernel
+    builds and, inside `forced_product`, where it forces "kernel"; outside it, where the kernel's product has
+    a vector form (`int8_form`: vnni or avx2). Decoding forces the choice `model.int8_step.int8_one_call`
+    measures on whole steps. always=True: wherever the kernel builds (per-row results, which depend neither
+    on how many rows a call holds nor on the thread count)."""
     if kernel_error("cpu") is not None:
         return False
     if always:
         return True
     if _forced[0] is not None:
         return _forced[0] == "kernel"
-    batch = batch or FORWARD_ROWS
-    if not probe.enabled():
-        return bool(load_kernel("cpu").decode_int8_vnni())
-
-    def measure():
-        g = torch.Generator().manual_seed(0)
-        x, w, b = torch.randn(batch, d_in, generator=g), torch.randn(d_in, d_out, generator=g), torch.zeros(d_out)
-        fbgemm, (Wq, extra), product = quantize(w, b), step_form(w, b), load_kernel("cpu").decode_linear
-        with torch.no_grad():
-            return probe.best_ms(lambda: linear_int8(x, fbgemm), lambda: product(x, Wq, extra), rounds=7)
-    verdict = probe.decide(f"int8-kernel:N{batch}:I{d_in}:O{d_out}", measure)
-    return verdict is not None and verdict.chosen
+    return int8_form() in ("vnni", "avx2")
 
 
 def linear_int8_kernel(x, packed, b, form="auto"):

@@ -7,9 +7,13 @@ dynamic quantized linear (`imagegen.ops.int8.linear_int8`, what precision=int8 r
     python -m imagegen.benchmarks.int8_step --out bench/int8_step.json     # about a minute
     python -m imagegen.benchmarks.int8_step --steps mnist-linear cifar10-linear --rounds 7 --out bench/int8_steps.json
 
+    python -m imagegen.benchmarks.int8_step --steps mnist-linear cifar10-linear --generate 64 --rounds 3 \
+        --out bench/int8_generate.json
+
 --steps times whole decoding steps of shipped models instead, at batches 1, 16, 64, 256 (`step_calls`):
 float32, and int8 through the one-call C++ step, the Python module loop with the kernel's products and the
-module loop with fbgemm's, the choice `model.int8_step.int8_one_call` makes (CPU time, one thread).
+module loop with fbgemm's, the choice `model.int8_step.int8_one_call` makes (CPU time, one thread);
+with --generate B, whole images sampled B at a time (no guidance) at float32 and int8, end to end.
 
 One torch thread, in one process; per shape and batch the three products are timed in turns
 (--rounds short rounds of --calls calls each, interleaved so that a busy neighbour slows them alike;
@@ -131,6 +135,27 @@ def step_rows(names, batches, rounds):
     return rows
 
 
+def generate_rows(names, batch, rounds):
+    """One row per shipped model: CPU seconds to sample `batch` whole images (one batch, no guidance, the
+    sampler's own choice of step) at float32 and at int8, in turns, `rounds` times; images/sec of the best."""
+    from ..api import load
+    rows = []
+    for name in names:
+        model = load(name, threads=None)
+        labels = [i % len(model.class_names) for i in range(batch)] if model.class_names else None
+        calls = {p: (lambda p=p: model.generate(n=batch, labels=labels, guidance=1.0, precision=p, batch_size=batch))
+                 for p in ("float32", "int8")}
+        s = {k: v / 1e6 for k, v in time_interleaved(calls, rounds, 1, time.thread_time).items()}
+        rows.append({"model": name, "batch": batch, "float32_s": s["float32"], "int8_s": s["int8"],
+                     "float32_images_s": batch / s["float32"], "int8_images_s": batch / s["int8"],
+                     "int8_over_float32": s["float32"] / s["int8"]})
+    return rows
+
+
+GENERATE_COLUMNS = [("model", "model", None), ("batch", "batch", None), ("float32_s", "float32 s", "{:.2f}"),
+                    ("int8_s", "int8 s", "{:.2f}"), ("float32_images_s", "float32 images/sec", "{:.2f}"),
+                    ("int8_images_s", "int8 images/sec", "{:.2f}"), ("int8_over_float32", "int8 / float32", "{:.2f}x")]
+
 STEP_COLUMNS = [("model", "model", None), ("batch", "batch", None)] + [
     (f"{k}_ms", f"{k.replace('_', ' ')} ms", "{:.3f}") for k in STEPS] + [
     ("float32_over_one_call", "float32 / int8 one-call", "{:.2f}x"),
@@ -154,6 +179,8 @@ def main(argv=None):
     p.add_argument("--steps", nargs="+", metavar="MODEL", default=None,
                    help="time whole decoding steps of these shipped models instead (see step_calls)")
     p.add_argument("--step-batches", nargs="+", type=int, default=list(STEP_BATCHES), help="batches for --steps")
+    p.add_argument("--generate", type=int, metavar="BATCH", default=None,
+                   help="with --steps: time sampling BATCH whole images at float32 and int8 instead (generate_rows)")
     a = p.parse_args(argv)
     why = ensure_kernel("cpu")                         # the build stays out of the timings
     if why is not None:
@@ -161,7 +188,10 @@ def main(argv=None):
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     form = int8_form()
-    if a.steps:
+    if a.steps and a.generate:
+        rows, columns = generate_rows(a.steps, a.generate, a.rounds), GENERATE_COLUMNS
+        unit = "one batch of whole images, CPU seconds"
+    elif a.steps:
         rows, columns = step_rows(a.steps, a.step_batches, a.rounds), STEP_COLUMNS
         unit = "calls (256 / batch steps each), CPU milliseconds per step"
     else:

@@ -2,6 +2,7 @@
 // decode_step takes, which imagegen.ops.kernel's DecodeLayer and DecodeHead must list in the same order.
 
 #include <torch/csrc/utils/pybind.h>
+#include <pybind11/stl.h>
 
 #include "cpu_kernel.h"
 
@@ -30,10 +31,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode_linear(x, W, b) -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed in float32; "
         "float32 W (O / P, K, P) in panels of P = decode_panel_width() columns)");
   m.def("decode_linear_int8", &decode_linear_int8, pybind11::arg("x"), pybind11::arg("Wq"), pybind11::arg("scales"),
-        pybind11::arg("colsums"), pybind11::arg("b"), pybind11::arg("vnni") = true,
-        "decode_linear_int8(x, Wq, scales, colsums, b, vnni=True) -> (N, O) float32: b + x W, x quantized per row "
-        "to 8 bits, W packed by imagegen.ops.int8.pack_int8; AVX512-VNNI where the CPU has it and vnni");
-  m.def("decode_int8_vnni", &decode_int8_vnni, "whether decode_linear_int8 runs AVX512-VNNI on this CPU");
+        pybind11::arg("colsums"), pybind11::arg("b"), pybind11::arg("form") = "auto",
+        "decode_linear_int8(x, Wq, scales, colsums, b, form='auto') -> (N, O) float32: b + x W, x quantized per row "
+        "to 8 bits, W packed by imagegen.ops.int8.pack_int8; form: auto, vnni, avx2 or portable");
+  m.def("decode_int8_form", &decode_int8_form,
+        "the form of decode_linear_int8 that auto takes here: IMAGEGEN_INT8_FORM, else the best this CPU runs");
+  m.def("decode_int8_forms", &decode_int8_forms, "the forms of decode_linear_int8 this CPU runs, best first");
   m.def("decode_panel_width", &decode_panel_width, "the columns per panel of decode_linear's float32 panels");
   m.def("decode_step", &decode_step_cpu,
         "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer; "

@@ -3,7 +3,7 @@
 //   fused_attention.cpp  the normalised elu+1 attention fused, forward (and decoding) and backward
 //   decode_step.cpp      one decoding position of a whole linear PixelTransformer, with its
 //                        bfloat16 products and residual add + LayerNorm
-//   int8_linear.cpp      the small-batch int8 products of decoding (AVX512-VNNI where the CPU has it)
+//   int8_linear.cpp      the int8 products of decoding and evaluation (AVX512-VNNI or AVX2 where the CPU has it)
 // The shared vector helpers are in vec.h; the shape checks shared with the CUDA source in qkv_checks.h.
 #pragma once
 
@@ -13,6 +13,7 @@
 
 #include <iterator>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -81,11 +82,12 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
 
 // ---- int8_linear.cpp
 // b + x W for a few float32 rows x (N, K) and W packed by imagegen.ops.int8.pack_int8: Wq int8
-// (ceil(O / 64), ceil(K / 4), 64, 4), scales (O) float32, colsums (O) int32; vnni=false takes the
-// portable loop even where the CPU has AVX512-VNNI (the tests compare the two).
+// (ceil(O / 64), ceil(K / 4), 64, 4), scales (O) float32, colsums (O) int32; form "auto" (the best
+// this CPU runs, or IMAGEGEN_INT8_FORM), or "vnni", "avx2", "portable" (the tests compare them).
 at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& scales,
-                              const at::Tensor& colsums, const at::Tensor& b, bool vnni);
-bool decode_int8_vnni();
+                              const at::Tensor& colsums, const at::Tensor& b, const std::string& form);
+std::string decode_int8_form();                  // the form "auto" takes here
+std::vector<std::string> decode_int8_forms();    // the forms this CPU runs, best first
 // the same product in decode_step's form: extra float32 (3, O) = the bias, the scales and the column
 // sums' int32 bits (imagegen.ops.int8.step_form); decode_linear takes it for 4-d int8 weights
 at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra);

@@ -17,10 +17,23 @@
 // 32-bit lane of vpdpbusd), so one group of one panel is 4 zmm of 64 bytes. Padding (k >= K,
 // o >= O) is zero; x's padding is xs = 0.
 //
-// Two loops compute the same int32 sums (so the same outputs, up to the final multiply-add's
-// rounding): int8_panel_vnni with AVX512-VNNI intrinsics where the CPU has it (a runtime check, so
-// portable builds use it too), int8_panel elsewhere (vector extensions, products widened to int32:
-// no 16-bit saturation as with AVX2's vpmaddubsw).
+// Three loops compute the same int32 sums (so the same outputs, up to the final multiply-add's
+// rounding), the "forms" of the product: int8_panel_vnni with AVX512-VNNI intrinsics, int8_panel_avx2
+// with AVX2's, int8_panel elsewhere (vector extensions, products widened to int32). The best form the
+// CPU has runs (a runtime check, so portable builds use them too); IMAGEGEN_INT8_FORM=avx2 (or
+// portable, read once per process) or decode_linear_int8's `form` argument takes a lesser one, e.g. the
+// AVX2 form on an AVX-512 CPU, as an AVX2-only CPU would run it.
+//
+// The AVX2 form and vpmaddubsw's saturation. vpmaddubsw multiplies unsigned by signed bytes and adds
+// each adjacent pair of products into a signed 16-bit lane, saturating: with xu = xs + 128 up to 255
+// and q = 127, a pair is 2 * 255 * 127 = 64770 > 32767. So the AVX2 form does not take xu; it takes the
+// sign trick: u = |q| (unsigned, at most 128, q = -128 included) against s = xs * sign(q) (vpsignb;
+// |xs| <= 127 since the quantizer clamps to [-127, 127], so the negation never wraps). u * s = xs q,
+// each pair at most 2 * 128 * 127 = 32512 in magnitude: no saturation, exact, and the sums are
+// sum_k xs q directly (no colsum offset). vpmaddwd by ones then adds the pairs into int32 lanes.
+// Costs per row and 8 columns x 4 k: vpsignb, vpmaddubsw, vpmaddwd, vpaddd (|q| once for all rows),
+// against VNNI's one vpdpbusd. (Rejected: 7-bit activations, as fbgemm does on AVX2, which change the
+// quantization and so the outputs; widening to 16 bits, which doubles the accumulators.)
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -32,12 +45,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define CP_HAVE_VNNI_PATH 1
+#define CP_HAVE_AVX2_PATH 1
 #endif
 
 namespace {
@@ -140,6 +156,105 @@ CP_VNNI inline __attribute__((always_inline)) void int8_panel_vnni(const uint8_t
 }
 #endif  // CP_HAVE_VNNI_PATH
 
+#ifdef CP_HAVE_AVX2_PATH
+// AVX2 (GCC keeps the command line's ISA too: a -march=native build on an AVX-512 CPU may encode these
+// as EVEX and use 32 ymm registers; the loops below are written for 16, so an AVX2-only CPU runs the same)
+#define CP_AVX2 __attribute__((target("avx2")))
+
+CP_AVX2 void quantize_row_avx2(const float* x, uint8_t* xu, float* sx, int64_t K, int64_t Kp) {
+  const int64_t Kv = K / 8 * 8;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps();
+  for (int64_t k = 0; k < Kv; k += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + k), absmask));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  float amax = _mm_cvtss_f32(h);
+  for (int64_t k = Kv; k < K; ++k) amax = __builtin_fabsf(x[k]) > amax ? __builtin_fabsf(x[k]) : amax;
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  *sx = amax / 127.0f;
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), off = _mm256_set1_epi32(128);
+  for (int64_t k = 0; k < Kv; k += 8) {
+    // as quantize_row_vnni: the product rounded to float32, then to the nearest integer (ties to even)
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv));
+    const __m256i u = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(q, lo), hi), off);   // [1, 255]
+    const __m128i u16 = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(xu + k), _mm_packus_epi16(u16, u16));
+  }
+  for (int64_t k = Kv; k < K; ++k) {
+    const int32_t v = _mm_cvtss_si32(_mm_set_ss(x[k] * inv));   // ties to even, as above
+    xu[k] = static_cast<uint8_t>((v < -127 ? -127 : v > 127 ? 127 : v) + 128);
+  }
+  for (int64_t k = K; k < Kp; ++k) xu[k] = 128;
+}
+
+// Half a panel (32 columns, w: the half's first byte in group 0, groups 256 bytes apart) for NR <= 2
+// rows: 4 ymm of int32 sums per row (8 columns each), |q| taken once per weight vector for all rows.
+// The sign trick (see the top of this file): |q| (u8) x xs sign(q) (s8) summed in pairs by vpmaddubsw,
+// the pairs in int32 by vpmaddwd; exact, and the sums are sum_k xs q (no colsum offset).
+template <int NR>
+CP_AVX2 inline __attribute__((always_inline)) void int8_half_avx2(const uint8_t* xu, const float* sx,
+                                                                  const int8_t* w, const float* scale,
+                                                                  const float* b, float* out, int64_t G,
+                                                                  int64_t ldx, int64_t ldo) {
+  __m256i acc[NR][4];
+  for (int n = 0; n < NR; ++n)
+    for (int j = 0; j < 4; ++j) acc[n][j] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = 0; g < G; ++g) {
+    const int8_t* wg = w + g * (kI8Cols * kI8Group);
+    __m256i xs[NR];
+    for (int n = 0; n < NR; ++n) {
+      int32_t x4;
+      std::memcpy(&x4, xu + n * ldx + g * kI8Group, 4);
+      xs[n] = _mm256_xor_si256(_mm256_set1_epi32(x4), flip);   // xu - 128 = xs, in [-127, 127]
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 32 * j));
+      const __m256i u = _mm256_abs_epi8(q);                      // |q| <= 128, read as unsigned
+      for (int n = 0; n < NR; ++n) {
+        const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_sign_epi8(xs[n], q));   // |pair| <= 32512
+        acc[n][j] = _mm256_add_epi32(acc[n][j], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m256 sc = _mm256_loadu_ps(scale + 8 * j), bias = _mm256_loadu_ps(b + 8 * j);
+    for (int n = 0; n < NR; ++n) {
+      const __m256 s = _mm256_mul_ps(_mm256_set1_ps(sx[n]), sc);
+      _mm256_storeu_ps(out + n * ldo + 8 * j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[n][j]), s), bias));
+    }
+  }
+}
+
+// (2 rows x 32 columns: 8 sums, 2 rows' x, |q|, q and temporaries fit AVX2's 16 registers; 4 rows or 64
+// columns would not)
+CP_AVX2 void int8_panel_rows_avx2(int nr, const uint8_t* xu, const float* sx, const int8_t* w, const float* scale,
+                                  const int32_t*, const float* b, float* out, int64_t G, int64_t ldx, int64_t ldo) {
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < nr; r += 2) {
+      const uint8_t* x = xu + r * ldx;
+      const int8_t* wh = w + h * (kI8Cols / 2) * kI8Group;
+      float* o = out + r * ldo + h * (kI8Cols / 2);
+      if (nr - r >= 2)
+        int8_half_avx2<2>(x, sx + r, wh, scale + h * 32, b + h * 32, o, G, ldx, ldo);
+      else
+        int8_half_avx2<1>(x, sx + r, wh, scale + h * 32, b + h * 32, o, G, ldx, ldo);
+    }
+}
+
+bool cpu_has_avx2() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+  }();
+  return has;
+}
+#else
+bool cpu_has_avx2() { return false; }
+#endif  // CP_HAVE_AVX2_PATH
+
 // The portable panel, one row: 256 int32 partial sums, entry 4c + t holding column c's products at
 // k = 4g + t (the weights summed as they lie, in runs of 16 bytes that the loop vectorizer widens),
 // the 4 entries of each column added at the end.
@@ -238,12 +353,51 @@ void int8_panels(PanelFn panel, const uint8_t* xu, const float* sx, const int8_t
 }
 }  // namespace
 
-bool decode_int8_vnni() { return cpu_has_vnni(); }
+namespace {
+// The forms of the product, worst first; a form runs only on a CPU that has it (`cpu_has`).
+enum Form : int { kPortable, kAvx2, kVnni, kForms };
+const char* const kFormNames[kForms] = {"portable", "avx2", "vnni"};
+
+bool cpu_has(int form) { return form == kPortable || (form == kAvx2 && cpu_has_avx2()) || (form == kVnni && cpu_has_vnni()); }
+
+int best_form() { return cpu_has(kVnni) ? kVnni : cpu_has(kAvx2) ? kAvx2 : kPortable; }
+
+// "vnni", "avx2" or "portable" -> its Form, checked against this CPU; `what` names where the name came from
+int parse_form(const std::string& name, const char* what) {
+  for (int f = 0; f < kForms; ++f)
+    if (name == kFormNames[f]) {
+      TORCH_CHECK(cpu_has(f), what, " asks for the int8 product's ", name, " form, which this CPU cannot run; ",
+                  "the best it runs is ", kFormNames[best_form()]);
+      return f;
+    }
+  TORCH_CHECK(false, what, " must be vnni, avx2 or portable (or auto), not '", name, "'");
+  return kPortable;
+}
+
+// The form `auto` takes: IMAGEGEN_INT8_FORM if set (read once per process), else the best the CPU has.
+int auto_form() {
+  static const int form = [] {
+    const char* env = std::getenv("IMAGEGEN_INT8_FORM");
+    return env == nullptr || *env == '\0' || std::string(env) == "auto" ? best_form()
+                                                                        : parse_form(env, "IMAGEGEN_INT8_FORM");
+  }();
+  return form;
+}
+}  // namespace
+
+std::string decode_int8_form() { return kFormNames[auto_form()]; }
+
+std::vector<std::string> decode_int8_forms() {
+  std::vector<std::string> forms;
+  for (int f = kForms - 1; f >= 0; --f)
+    if (cpu_has(f)) forms.push_back(kFormNames[f]);
+  return forms;
+}
 
 namespace {
-// the product itself, for checked arguments: x (N, K), Wq (P, G, 64, 4), O columns
+// the product itself, for checked arguments: x (N, K), Wq (P, G, 64, 4), O columns, in `form`
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& Wq, const float* sp, const int32_t* cp, const float* bp,
-                       int64_t O, bool vnni) {
+                       int64_t O, int form) {
   const int64_t N = x.size(0), K = x.size(1), G = Wq.size(1);
   const auto xc = x.to(at::kFloat).contiguous();
   auto out = at::empty({N, O}, xc.options());
@@ -252,22 +406,17 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& Wq, const float* s
   std::vector<uint8_t> xu(N * Kp);
   std::vector<float> sx(N);
   const float* xp = xc.data_ptr<float>();
-  const bool use_vnni = vnni && cpu_has_vnni();
-  for (int64_t n = 0; n < N; ++n) {
-#ifdef CP_HAVE_VNNI_PATH
-    if (use_vnni) {
-      quantize_row_vnni(xp + n * K, xu.data() + n * Kp, sx.data() + n, K, Kp);
-      continue;
-    }
-#endif
-    quantize_row(xp + n * K, xu.data() + n * Kp, sx.data() + n, K, Kp);
-  }
-  const int8_t* Wp = Wq.data_ptr<int8_t>();
-  float* op = out.data_ptr<float>();
+  void (*quantize)(const float*, uint8_t*, float*, int64_t, int64_t) = quantize_row;
   PanelFn panel = int8_panel_rows;
 #ifdef CP_HAVE_VNNI_PATH
-  if (use_vnni) panel = int8_panel_rows_vnni;
+  if (form == kVnni) quantize = quantize_row_vnni, panel = int8_panel_rows_vnni;
 #endif
+#ifdef CP_HAVE_AVX2_PATH
+  if (form == kAvx2) quantize = quantize_row_avx2, panel = int8_panel_rows_avx2;
+#endif
+  for (int64_t n = 0; n < N; ++n) quantize(xp + n * K, xu.data() + n * Kp, sx.data() + n, K, Kp);
+  const int8_t* Wp = Wq.data_ptr<int8_t>();
+  float* op = out.data_ptr<float>();
   // split panels over threads only where each gets at least ~512 KiB of W to stream
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / (Kp * kI8Cols));
   at::parallel_for(0, Wq.size(0), grain, [&](int64_t begin, int64_t end) {
@@ -278,7 +427,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& Wq, const float* s
 }  // namespace
 
 at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& scales,
-                              const at::Tensor& colsums, const at::Tensor& b, bool vnni) {
+                              const at::Tensor& colsums, const at::Tensor& b, const std::string& form) {
   TORCH_CHECK(x.dim() == 2 && Wq.dim() == 4 && Wq.scalar_type() == at::kChar && Wq.is_contiguous() &&
                   Wq.size(2) == kI8Cols && Wq.size(3) == kI8Group,
               "decode_linear_int8: x must be (N, K) and Wq contiguous int8 (ceil(O / ", kI8Cols, "), ceil(K / ",
@@ -290,7 +439,8 @@ at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const a
                   colsums.numel() == O && b.scalar_type() == at::kFloat && b.is_contiguous() && b.numel() == O,
               "decode_linear_int8: Wq (", Wq.sizes(), ") must match x's K = ", K, " (at most 65536) and O = ", O,
               " (scales' length), with float32 scales, int32 colsums and a float32 bias of O each");
-  return int8_linear(x, Wq, scales.data_ptr<float>(), colsums.data_ptr<int32_t>(), b.data_ptr<float>(), O, vnni);
+  return int8_linear(x, Wq, scales.data_ptr<float>(), colsums.data_ptr<int32_t>(), b.data_ptr<float>(), O,
+                     form == "auto" ? auto_form() : parse_form(form, "decode_linear_int8's form"));
 }
 
 // decode_step's form (imagegen.ops.int8.step_form): Wq as above and one float32 (3, O) tensor in the
@@ -305,5 +455,5 @@ at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, co
               "decode_linear: int8 weights must be pack_int8's Wq for x's K with a float32 (3, O) bias, scales and "
               "column sums; see imagegen.ops.int8.step_form");
   const float* e = extra.data_ptr<float>();
-  return int8_linear(x, Wq, e + O, reinterpret_cast<const int32_t*>(e + 2 * O), e, O, true);
+  return int8_linear(x, Wq, e + O, reinterpret_cast<const int32_t*>(e + 2 * O), e, O, auto_form());
 }

@@ -26,7 +26,7 @@ from .dtypes import INT8, autocast, dtype_name
 from .errors import UserError
 from .ops.build import kernel_error, load_kernel
 from .ops.dense import Dense, dense
-from .ops.int8 import can_int8
+from .ops.int8 import can_int8, int8_form
 from .ops.layout import PACK_MIN_ROWS, pack
 from .tuning import probe
 from .tuning.machine import fast_bf16
@@ -85,7 +85,8 @@ def decode_products(batch, d_model, d_ff):
 def int8_products(batch, d_model, d_ff):
     """A probe's measure() for sampling at int8: one decoding step's products at `batch` rows (the shapes
     of `decode_products`), float32 against int8 weights, each as `Dense.cast` makes them for the batch and
-    `dense` runs them (float32 prepacked or in panels; int8 the C++ kernel's or fbgemm's product)."""
+    `dense` runs them (float32 prepacked or in panels; int8 the C++ kernel's product in its best form here,
+    VNNI or AVX2, else fbgemm's: `ops.int8.takes_kernel`)."""
     def measure():
         torch.manual_seed(0)
         layers = [Dense(i, o) for i, o in [(d_model, 3 * d_model), (d_model, d_model), (d_model, d_ff),
@@ -124,7 +125,8 @@ def auto_int8(device, dims, batch, cost):
     if (why := can_int8()) is not None:
         return False, why
     D, F = (int(d) for d in dims)
-    verdict = probe.decide(f"int8-decode:N{int(batch)}:D{D}:F{F}", int8_products(int(batch), D, F))
+    form = int8_form() or "fbgemm"         # the kernel's int8 form (or fbgemm's only): part of what is timed
+    verdict = probe.decide(f"int8-decode:{form}:N{int(batch)}:D{D}:F{F}", int8_products(int(batch), D, F))
     if verdict is None:
         return False, "int8 not measured (probes off)"
     return verdict.chosen, (f"int8 products measured {verdict.ratio:.2f}x float32's speed here, "

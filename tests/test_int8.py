@@ -2,6 +2,8 @@
 quantized linear, against float32: one product, teacher-forced decoding, sampling end to end
 (the module function, the Python API, imagegen-sample), the sampling benchmark, and imagegen-eval's
 bits/dim of the quantized model."""
+import json
+import os
 import warnings
 
 import numpy as np
@@ -77,18 +79,18 @@ DECODE_ATOL, DECODE_REL, DECODE_TV = 0.1, 0.03, 0.01
 @pytest.mark.parametrize("batch", [3, 8])
 @pytest.mark.parametrize("attention, impl", [("linear", "auto"), ("linear", "chunked"), ("softmax", "auto")])
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel-product", "fbgemm"])
-def test_int8_decoding_tracks_float32(attention, impl, batch, kernel, monkeypatch):
+def test_int8_decoding_tracks_float32(attention, impl, batch, kernel):
     """int8 decoding against float32's: with the C++ kernel's int8 product (the one-call C++
     step for the fused linear attention, else the module loop), or fbgemm's in the module loop."""
-    from imagegen.ops import dense as dense_mod
     from imagegen.ops.build import kernel_error
+    from imagegen.ops.int8 import forced_product
     if kernel and kernel_error("cpu") is not None:
         skip_without_cpu_kernel("the CPU kernel is unavailable")
-    monkeypatch.setattr(dense_mod, "takes_kernel", lambda rows, *shape, always=False: kernel)
     model = scaled_model(attention, length=100, impl=impl)
     x = torch.randint(0, 256, (batch, model.length), generator=torch.Generator().manual_seed(1))
     want, _ = decode_params(model, x, torch.float32)
-    got, state = decode_params(model, x, INT8)
+    with forced_product("kernel" if kernel else "fbgemm"):
+        got, state = decode_params(model, x, INT8)
     product = kernel
     assert (state.kernel is not None) == (product and attention == "linear" and impl == "auto")
     layer = state.layers[0]
@@ -189,21 +191,74 @@ def int8_case(d_in, d_out, rows):
     return x, w, b, pack_int8(w)
 
 
-@pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "portable"])
+FORMS = ("vnni", "avx2", "portable")    # the int8 product: AVX512-VNNI, AVX2 (the sign trick), vector extensions
+
+
+def runs_form(kernel, form):
+    """Skip unless this CPU runs `form` of the kernel's int8 product."""
+    if form not in kernel.decode_int8_forms():
+        pytest.skip(f"this CPU does not run the int8 product's {form} form")
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("d_in, d_out", KERNEL_SHAPES)
-def test_int8_kernel_is_its_reference(int8_kernel, d_in, d_out, rows, vnni):
+def test_int8_kernel_is_its_reference(int8_kernel, d_in, d_out, rows, form):
     """The kernel's int32 sums are exact and equal the reference's: the outputs differ only by the
     rounding of the last multiply-add, which the kernel may fuse: |got - want| <= 2^-22 (|want| + |b|).
     A sum off by one would miss that bound for |sums| under 2^22 (here they stay under 2^20)."""
     from imagegen.ops.int8 import linear_int8_reference
+    runs_form(int8_kernel, form)
     x, w, b, packed = int8_case(d_in, d_out, rows)
-    got = int8_kernel.decode_linear_int8(x, *packed, b, vnni)
+    got = int8_kernel.decode_linear_int8(x, *packed, b, form)
     want = linear_int8_reference(x, packed, b)
     assert got.dtype == torch.float32 and got.shape == (rows, d_out)
     assert ((got - want).abs() <= 2.0 ** -22 * (want.abs() + b.abs())).all()
-    if vnni and not int8_kernel.decode_int8_vnni():
-        pytest.skip("no AVX512-VNNI here: vnni=True ran the portable loop")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_int8_forms_sum_extreme_bytes_exactly(int8_kernel, rows):
+    """Every form's int32 sums equal the exact integer product at the extremes of its bytes, where AVX2's
+    vpmaddubsw would saturate its 16-bit pairs if fed the stored activations xu = xs + 128 (255 x 127 twice:
+    64770): activations quantized to -127, 0 and 127 (xu 1, 128, 255) against weights -128, -127, 0, 127,
+    in every pairing and in long runs of one sign. Scales of 1 and a zero bias make the outputs the sums
+    themselves (under 2^24 in magnitude: exact in float32), so outputs are compared for equality."""
+    from imagegen.ops.int8 import lay_out_int8
+    K, O = 1024, 136                               # O: two panels and a ragged third
+    g = torch.Generator().manual_seed(rows)
+    levels = torch.tensor([-128, -127, 0, 127], dtype=torch.int8)
+    q = levels[torch.randint(0, 4, (K, O), generator=g)]
+    q[:, 0], q[:, 1], q[:, 2] = 127, -128, -127        # whole columns of one extreme
+    q[: K // 2, 3], q[K // 2:, 3] = 127, -128
+    xs = torch.tensor([-127.0, 0.0, 127.0])[torch.randint(0, 3, (rows, K), generator=g)]
+    xs[0] = 127.0                                      # a row of 255s (xu): the largest pairs
+    xs[0, :2] = -127.0
+    if rows > 1:
+        xs[1] = -127.0                                 # a row of 1s (xu)
+    packed = (lay_out_int8(q), torch.ones(O), q.sum(0, dtype=torch.int32))
+    want = (xs.double() @ q.double()).float()          # max|x| = 127 per row: sx = 1, xs = x exactly
+    assert want.abs().max() > 127 * 128 * 1000         # far past int16 and vpmaddubsw's pairs
+    for form in int8_kernel.decode_int8_forms():
+        assert torch.equal(int8_kernel.decode_linear_int8(xs, *packed, torch.zeros(O), form), want), form
+
+
+def test_int8_avx2_form_is_the_vnni_form(int8_kernel):
+    """The AVX2 form, forced on a CPU with AVX512-VNNI, gives the VNNI form's outputs (the same int32 sums,
+    the same float32 arithmetic after them) at the batches sampling runs."""
+    runs_form(int8_kernel, "vnni")
+    for rows in (1, 4, 16, 67):
+        x, w, b, packed = int8_case(256, 1024, rows)
+        want = int8_kernel.decode_linear_int8(x, *packed, b, "vnni")
+        got = int8_kernel.decode_linear_int8(x, *packed, b, "avx2")
+        assert torch.allclose(got, want, rtol=2 ** -22, atol=2 ** -22 * b.abs().max().item()), rows
+
+
+def test_int8_form_asked_for_is_checked(int8_kernel):
+    x, w, b, packed = int8_case(64, 64, 1)
+    forms = int8_kernel.decode_int8_forms()
+    assert forms[-1] == "portable" and int8_kernel.decode_int8_form() == forms[0]   # auto: the best, unless forced
+    with pytest.raises(RuntimeError, match="must be vnni, avx2 or portable"):
+        int8_kernel.decode_linear_int8(x, *packed, b, "sse2")
 
 
 @pytest.mark.parametrize("rows", [1, 4, 5])
@@ -272,7 +327,7 @@ def test_int8_forward_quantizes_each_row_whatever_a_probe_picked(int8_kernel, mo
     row alone. The same rows through fbgemm's product depend on their neighbours."""
     from imagegen.ops import dense as dense_mod
     from imagegen.ops.int8 import linear_int8_reference, pack_int8
-    monkeypatch.setattr(dense_mod, "takes_kernel", lambda rows, *shape, always=False: always)  # "fbgemm is faster"
+    monkeypatch.setattr(dense_mod, "takes_kernel", lambda always=False: always)  # "fbgemm is faster"
     layer = Dense(64, 48, std=0.1)
     x = torch.randn(6, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 1, 6)[:, None]
     with torch.no_grad():
@@ -290,3 +345,45 @@ def test_int8_forward_quantizes_each_row_whatever_a_probe_picked(int8_kernel, mo
     assert torch.equal(together, alone)
     assert torch.allclose(together, want, rtol=2 ** -22, atol=2 ** -22 * want.abs().max().item())
     assert not torch.allclose(fbgemm_together, fbgemm_alone, rtol=1e-3, atol=0)
+
+
+def test_int8_decoding_takes_the_step_a_probe_measures(int8_kernel, monkeypatch, probes_on):
+    """int8 decoding runs the one-call C++ step unless a probe of whole steps (keyed by the kernel's form, the
+    batch and the model's shape) finds the module loop with fbgemm's products MARGIN times faster; with probes
+    off, wherever the kernel's int8 product has a vector form; inside forced_product, what it forces."""
+    from imagegen.model import int8_step
+    from imagegen.ops.int8 import forced_product, int8_form
+    from imagegen.tuning import probe
+    model = scaled_model("linear", length=40)
+    timings = {}
+    monkeypatch.setattr(int8_step, "time_steps", lambda m, batch: timings[batch])
+    timings.update({1: (1.0, 2.0), 256: (1.0, 0.5)})        # ms: (one-call, module loop with fbgemm)
+    one_call = model.init_state(1, CPU, INT8)
+    assert one_call.kernel is not None and isinstance(one_call.layers[0].attn.qkv[0], torch.Tensor)
+    loop = model.init_state(256, CPU, INT8)
+    assert loop.kernel is None and not isinstance(loop.layers[0].attn.qkv[0], torch.Tensor)   # fbgemm's weight
+    keys = sorted(k.split("/", 1)[1] for k in json.loads(probes_on.read_text())["entries"])
+    assert keys == [f"int8-step:{int8_form()}:N{n}:D64:F128:L3:H4:C0" for n in (1, 256)]
+    with forced_product("kernel"):
+        assert model.init_state(256, CPU, INT8).kernel is not None
+    monkeypatch.setenv("IMAGEGEN_PROBE", "0")
+    assert probe.decide("anything", lambda: 1 / 0) is None
+    assert int8_step.int8_one_call(model, 256) == (int8_form() in ("vnni", "avx2"))
+
+
+def test_int8_form_variable_forces_a_form_or_says_what_runs(int8_kernel):
+    """IMAGEGEN_INT8_FORM=avx2 makes `auto` take the AVX2 form (on a CPU that runs it); a form the CPU cannot
+    run, or no form at all, is one sentence naming the forms it runs."""
+    import subprocess
+    import sys
+    code = ("from imagegen.errors import one_line\nfrom imagegen.ops.int8 import int8_form\n"
+            "one_line(lambda: print(int8_form()))()")
+    forms = int8_kernel.decode_int8_forms()
+    for value, want in (("avx2", "avx2"), ("", forms[0]), ("auto", forms[0])):
+        if want in forms:
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 env={**os.environ, "IMAGEGEN_INT8_FORM": value})
+            assert out.returncode == 0 and out.stdout.strip() == want, out.stderr
+    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "IMAGEGEN_INT8_FORM": "sse9"})
+    one_line_error(bad, "IMAGEGEN_INT8_FORM='sse9' is not a form of the int8 product this CPU runs; set it to one of")

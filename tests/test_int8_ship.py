@@ -169,6 +169,7 @@ def test_convert_records_the_int8_cost_and_a_shipped_model_converts_again(run_ch
 def test_sampling_auto_takes_int8_only_for_a_small_recorded_cost_where_faster(monkeypatch):
     from imagegen import precision
     from imagegen.dtypes import INT8
+    from imagegen.ops.int8 import int8_form
     from imagegen.tuning import probe
     cpu, dims = torch.device("cpu"), (128, 512)
     record = {"int8_check": {"images": 500, "float32": 0.8795, "int8": 0.8801}}
@@ -178,7 +179,7 @@ def test_sampling_auto_takes_int8_only_for_a_small_recorded_cost_where_faster(mo
     monkeypatch.setattr(probe, "decide", lambda key, measure: verdicts.append(key) or probe.Verdict(
         key, 2.1, 1.0, True, "cached", "probes.json"))
     assert precision.resolve_precision("auto", cpu, dims=dims, batch=64, record=record) == INT8
-    assert verdicts == ["int8-decode:N64:D128:F512"]
+    assert verdicts == [f"int8-decode:{int8_form() or 'fbgemm'}:N64:D128:F512"]   # the form timed names the verdict
     costly = {"int8_check": {"images": 500, "float32": 0.8795, "int8": 0.8995}}
     for other in (None, {}, costly):                   # no cost recorded, or too high: float32, nothing timed
         assert precision.resolve_precision("auto", cpu, dims=dims, batch=64, record=other) == torch.float32

@@ -1,9 +1,19 @@
 """The small-batch products of decoding at 1, 2 and 4 rows: float32 in panels (the C++ kernel's
 decode_linear), 8-bit weights through the C++ kernel's own int8 product (decode_linear_int8:
-x quantized per row, int32 sums, AVX512-VNNI where the CPU has it), and through torch's fbgemm
+x quantized per row, int32 sums, AVX512-VNNI or AVX2 where the CPU has it; IMAGEGEN_INT8_FORM=avx2
+forces the AVX2 form), and through torch's fbgemm
 dynamic quantized linear (`imagegen.ops.int8.linear_int8`, what precision=int8 runs today).
 
     python -m imagegen.benchmarks.int8_step --out bench/int8_step.json     # about a minute
+    python -m imagegen.benchmarks.int8_step --steps mnist-linear cifar10-linear --rounds 7 --out bench/int8_steps.json
+
+    python -m imagegen.benchmarks.int8_step --steps mnist-linear cifar10-linear --generate 64 --rounds 3 \
+        --out bench/int8_generate.json
+
+--steps times whole decoding steps of shipped models instead, at batches 1, 16, 64, 256 (`step_calls`):
+float32, and int8 through the one-call C++ step, the Python module loop with the kernel's products and the
+module loop with fbgemm's, the choice `model.int8_step.int8_one_call` makes (CPU time, one thread);
+with --generate B, whole images sampled B at a time (no guidance) at float32 and int8, end to end.
 
 One torch thread, in one process; per shape and batch the three products are timed in turns
 (--rounds short rounds of --calls calls each, interleaved so that a busy neighbour slows them alike;
@@ -44,18 +54,18 @@ def products(d_in, d_out, batch, seed=0):
             "fbgemm": lambda: linear_int8(x, fbgemm)}
 
 
-def time_interleaved(calls, rounds, per_round):
-    """{name: best microseconds per call} of each call, timed in turns, round by round."""
+def time_interleaved(calls, rounds, per_round, clock=time.perf_counter):
+    """{name: best microseconds per call} of each call, timed in turns, round by round, on `clock`."""
     best = {name: float("inf") for name in calls}
     for fn in calls.values():                            # warm up
         for _ in range(per_round):
             fn()
     for _ in range(rounds):
         for name, fn in calls.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(per_round):
                 fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / per_round * 1e6)
+            best[name] = min(best[name], (clock() - start) / per_round * 1e6)
     return best
 
 
@@ -80,6 +90,78 @@ def measure(rounds=30, per_round=40):
     return rows
 
 
+STEP_BATCHES = (1, 16, 64, 256)
+STEPS = ("float32", "int8_one_call", "int8_loop_kernel", "int8_loop_fbgemm")
+
+
+def step_calls(model, batch):
+    """{name: a call with no arguments}: one decoding step (`model.step`, no draw) of a shipped model at `batch`
+    images, in float32 (the one-call C++ step), and at int8 through the one-call step (the kernel's products),
+    the Python module loop with the kernel's products, and the module loop with fbgemm's."""
+    from ..dtypes import INT8
+    from ..ops.int8 import forced_product
+    states = {"float32": model.init_state(batch, torch.device("cpu"), torch.float32)}
+    for name, kind, one_call in (("int8_one_call", "kernel", True), ("int8_loop_kernel", "kernel", False),
+                                 ("int8_loop_fbgemm", "fbgemm", False)):
+        with forced_product(kind):
+            states[name] = model.init_state(batch, torch.device("cpu"), INT8, whole_model_kernel=one_call)
+        assert (states[name].kernel is not None) == one_call, f"{name}: the one-call step did not build"
+    token = torch.randint(0, 256, (batch,), generator=torch.Generator().manual_seed(0))
+
+    def call(state):
+        def step():
+            state.t = 1                                  # a fixed position: the state's contents do not change the cost
+            model.step(token, state)
+        return step
+    return {name: call(state) for name, state in states.items()}
+
+
+def step_rows(names, batches, rounds):
+    """One row per shipped model and batch: CPU milliseconds per decoding step of each of STEPS (interleaved
+    rounds, the best kept), and the ratios float32 / one-call int8 and module loop (fbgemm) / one-call int8."""
+    from ..api import load
+    rows = []
+    for name in names:
+        model = load(name, threads=None).module
+        for batch in batches:
+            calls = step_calls(model, batch)
+            per_round = max(1, 256 // batch)
+            with torch.inference_mode():
+                ms = {k: v / 1e3 for k, v in time_interleaved(calls, rounds, per_round, time.thread_time).items()}
+            rows.append({"model": name, "batch": batch, **{f"{k}_ms": ms[k] for k in STEPS},
+                         "float32_over_one_call": ms["float32"] / ms["int8_one_call"],
+                         "loop_fbgemm_over_one_call": ms["int8_loop_fbgemm"] / ms["int8_one_call"],
+                         "loop_kernel_over_one_call": ms["int8_loop_kernel"] / ms["int8_one_call"]})
+    return rows
+
+
+def generate_rows(names, batch, rounds):
+    """One row per shipped model: CPU seconds to sample `batch` whole images (one batch, no guidance, the
+    sampler's own choice of step) at float32 and at int8, in turns, `rounds` times; images/sec of the best."""
+    from ..api import load
+    rows = []
+    for name in names:
+        model = load(name, threads=None)
+        labels = [i % len(model.class_names) for i in range(batch)] if model.class_names else None
+        calls = {p: (lambda p=p: model.generate(n=batch, labels=labels, guidance=1.0, precision=p, batch_size=batch))
+                 for p in ("float32", "int8")}
+        s = {k: v / 1e6 for k, v in time_interleaved(calls, rounds, 1, time.thread_time).items()}
+        rows.append({"model": name, "batch": batch, "float32_s": s["float32"], "int8_s": s["int8"],
+                     "float32_images_s": batch / s["float32"], "int8_images_s": batch / s["int8"],
+                     "int8_over_float32": s["float32"] / s["int8"]})
+    return rows
+
+
+GENERATE_COLUMNS = [("model", "model", None), ("batch", "batch", None), ("float32_s", "float32 s", "{:.2f}"),
+                    ("int8_s", "int8 s", "{:.2f}"), ("float32_images_s", "float32 images/sec", "{:.2f}"),
+                    ("int8_images_s", "int8 images/sec", "{:.2f}"), ("int8_over_float32", "int8 / float32", "{:.2f}x")]
+
+STEP_COLUMNS = [("model", "model", None), ("batch", "batch", None)] + [
+    (f"{k}_ms", f"{k.replace('_', ' ')} ms", "{:.3f}") for k in STEPS] + [
+    ("float32_over_one_call", "float32 / int8 one-call", "{:.2f}x"),
+    ("loop_fbgemm_over_one_call", "loop fbgemm / one-call", "{:.2f}x"),
+    ("loop_kernel_over_one_call", "loop kernel / one-call", "{:.2f}x")]
+
 COLUMNS = [("group", "set", None), ("product", "product", None), ("d_in", "d_in", None), ("d_out", "d_out", None),
            ("batch", "rows", None), ("float32_us", "float32 panels us", "{:.2f}"),
            ("int8_kernel_us", "int8 kernel us", "{:.2f}"), ("fbgemm_us", "fbgemm int8 us", "{:.2f}"),
@@ -89,26 +171,40 @@ COLUMNS = [("group", "set", None), ("product", "product", None), ("d_in", "d_in"
 
 def main(argv=None):
     from ..ops.build import ensure_kernel, load_kernel
+    from ..ops.int8 import FORM_VAR, int8_form
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/int8_step.json", help="the JSON (the markdown beside it, .md)")
     p.add_argument("--rounds", type=int, default=30, help="timed rounds per product (the best is kept)")
     p.add_argument("--calls", type=int, default=40, help="calls per round")
+    p.add_argument("--steps", nargs="+", metavar="MODEL", default=None,
+                   help="time whole decoding steps of these shipped models instead (see step_calls)")
+    p.add_argument("--step-batches", nargs="+", type=int, default=list(STEP_BATCHES), help="batches for --steps")
+    p.add_argument("--generate", type=int, metavar="BATCH", default=None,
+                   help="with --steps: time sampling BATCH whole images at float32 and int8 instead (generate_rows)")
     a = p.parse_args(argv)
     why = ensure_kernel("cpu")                         # the build stays out of the timings
     if why is not None:
         raise SystemExit(f"int8_step: the C++ kernel is unavailable here: {why}")
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
-    rows = measure(a.rounds, a.calls)
-    vnni = bool(load_kernel("cpu").decode_int8_vnni())
-    header = (f"{machine()}; int8 kernel: {'AVX512-VNNI' if vnni else 'portable loop (no AVX512-VNNI)'}; "
+    form = int8_form()
+    if a.steps and a.generate:
+        rows, columns = generate_rows(a.steps, a.generate, a.rounds), GENERATE_COLUMNS
+        unit = "one batch of whole images, CPU seconds"
+    elif a.steps:
+        rows, columns = step_rows(a.steps, a.step_batches, a.rounds), STEP_COLUMNS
+        unit = "calls (256 / batch steps each), CPU milliseconds per step"
+    else:
+        rows, columns, unit = measure(a.rounds, a.calls), COLUMNS, f"{a.calls} calls, microseconds per call"
+    header = (f"{machine()}; int8 kernel: its {form} form (of {', '.join(load_kernel('cpu').decode_int8_forms())} "
+              f"here; {FORM_VAR} picks one); "
               f"1-min load {load_before:.2f} before ({os.cpu_count()} cores); best of {a.rounds} interleaved "
-              f"rounds of {a.calls} calls, microseconds per call")
-    payload = {"machine": machine(), "vnni": vnni, "loadavg_1min": load_before, "cores": os.cpu_count(),
+              f"rounds of {unit}")
+    payload = {"machine": machine(), "form": form, "loadavg_1min": load_before, "cores": os.cpu_count(),
                "when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": a.rounds, "calls": a.calls, "rows": rows}
     out = a.out[:-5] if a.out.endswith(".json") else a.out
     write_outputs(os.path.dirname(out) or ".", os.path.basename(out), payload,
-                  header + "\n\n" + markdown_table(rows, COLUMNS))
+                  header + "\n\n" + markdown_table(rows, columns))
 
 
 if __name__ == "__main__":

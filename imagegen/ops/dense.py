@@ -40,11 +40,11 @@ class Dense(nn.Module):
         """(weight, bias) for products in `dtype` at `batch` rows: detached copies converted once
         (decoding states carry them), the weight prepacked by `pack` where it can be; the
         parameters themselves when they already are of dtype and the weight is not packed.
-        dtype INT8: where `takes_kernel` at these rows (0: a forward pass's; per_row: wherever the kernel
-        builds), the C++ kernel's (Wq, extra) (`int8.step_form`, activations quantized per row), else
+        dtype INT8: where `takes_kernel` (per_row: wherever the kernel builds), the C++ kernel's (Wq, extra)
+        (`int8.step_form`, activations quantized per row), else
         (fbgemm's packed int8 weight and bias, None; one activation scale per call), see `int8.quantize`."""
         if dtype == INT8:
-            if takes_kernel(batch, *self.weight.shape, always=per_row):
+            if takes_kernel(always=per_row):
                 return step_form(self.weight.detach(), self.bias.detach())
             return quantize(self.weight.detach(), self.bias.detach()), None
         w = pack(self.weight.detach().to(dtype), batch)

@@ -11,22 +11,24 @@ docs/notes/code-measurements.md).
 The C++ kernel has its own int8 product (csrc/int8_linear.cpp, `decode_linear_int8`), for any number
 of rows (4 at a time over each panel): `pack_int8` lays W out for it (8 bits per weight, one scale per
 output column as `quantize`, in panels of 64 columns by groups of 4 k), the kernel quantizes each row
-of x with its own scale and sums in int32 (AVX512-VNNI where the CPU has it); `linear_int8_reference`
-computes the same in plain PyTorch. Each row's result depends on that row alone, so evaluation's
+of x with its own scale and sums in int32 (AVX512-VNNI or AVX2 where the CPU has it: `int8_form`);
+`linear_int8_reference` computes the same in plain PyTorch. Each row's result depends on that row alone, so evaluation's
 forward (rows = images x positions) and decoding's step (rows = images) compute the same numbers.
 Decoding and `dense.int8_weights` take it (`Dense.cast`) in `step_form`, which the one-call C++ step
-reads too, where `takes_kernel` says so: where a probe measures it faster than fbgemm's at the rows asked.
-Whole forward passes in int8 (`dense.int8_weights`: evaluation's precision=int8, the conversion's int8 check)
-take the kernel's product wherever it builds, unmeasured: fbgemm's one scale per call would make their
-bits/dim depend on the batch and on which product a probe picked at this thread count.
+reads too, where `takes_kernel` says so: decoding where `model.int8_step.int8_one_call` measures the
+one-call step faster than the module loop with fbgemm's products at the batch (with probes off: where the
+kernel's product has a vector form, AVX512-VNNI or AVX2). Whole forward passes in int8
+(`dense.int8_weights`: evaluation's precision=int8, the conversion's int8 check) take the kernel's product
+wherever it builds, unmeasured: fbgemm's one scale per call would make their bits/dim depend on the batch.
 """
 import contextlib
 import functools
+import os
 import warnings
 
 import torch
 
-from ..tuning import probe
+from ..errors import UserError
 from ..tuning.machine import has_vnni
 from .build import kernel_error, load_kernel
 
@@ -94,12 +96,17 @@ def pack_int8(w):
     K, O = w.shape
     scales = (w.abs().amax(0) / 127).clamp_min(1e-12)
     q = torch.round(w / scales).clamp(-127, 127).to(torch.int8)
+    return lay_out_int8(q), scales.contiguous(), q.sum(0, dtype=torch.int32)
+
+
+def lay_out_int8(q):
+    """q (d_in, d_out) int8 -> `pack_int8`'s Wq (ceil(d_out / 64), ceil(d_in / 4), 64, 4), zero-padded."""
+    K, O = q.shape
     Kp = -(-K // INT8_GROUP) * INT8_GROUP
     Op = -(-O // INT8_PANEL) * INT8_PANEL
     padded = torch.zeros(Kp, Op, dtype=torch.int8)
     padded[:K, :O] = q
-    Wq = padded.view(Kp // INT8_GROUP, INT8_GROUP, Op // INT8_PANEL, INT8_PANEL).permute(2, 0, 3, 1).contiguous()
-    return Wq, scales.contiguous(), q.sum(0, dtype=torch.int32)
+    return padded.view(Kp // INT8_GROUP, INT8_GROUP, Op // INT8_PANEL, INT8_PANEL).permute(2, 0, 3, 1).contiguous()
 
 
 def unpack_int8(packed, d_in):
@@ -131,9 +138,6 @@ def linear_int8_reference(x, packed, b):
     return acc.float() * (sx[:, None] * packed[1][None, :]) + b.float()
 
 
-FORWARD_ROWS = 256    # the rows a probe times for a forward pass (`takes_kernel`'s batch 0): many
-
-
 def step_form(w, b):
     """w (d_in, d_out), b (d_out,) -> (Wq, extra): `pack_int8`'s Wq and one float32 (3, d_out) tensor of the
     bias, the scales and the column sums (their int32 bits, copied as they are), the form `dense` and the
@@ -142,34 +146,64 @@ def step_form(w, b):
     return Wq, torch.stack([b.detach().float(), scales, colsums.view(torch.float32)])
 
 
-def takes_kernel(batch, d_in, d_out, always=False):
-    """Whether int8 products (d_in, d_out) at `batch` rows (0: a forward pass's many, timed at FORWARD_ROWS)
-    run on the C++ kernel's int8 product rather than fbgemm's: where the kernel builds and a probe measures
-    it faster by the margin (`imagegen.tuning.probe`); with probes off, where it has AVX512-VNNI (its
-    portable loop is slow). always=True: wherever the kernel builds, unmeasured (per-row results, which
-    depend neither on how many rows a call holds nor on the thread count)."""
+_forced = [None]    # "kernel" or "fbgemm" inside `forced_product`
+
+
+@contextlib.contextmanager
+def forced_product(kind):
+    """Inside: decoding's int8 products are `kind`'s ("kernel": the C++ kernel's, so the one-call step;
+    "fbgemm": fbgemm's, so the module loop), whatever `takes_kernel` and decoding's probe would pick."""
+    if kind not in ("kernel", "fbgemm"):
+        raise ValueError(f"forced_product takes 'kernel' or 'fbgemm', not {kind!r}")
+    before, _forced[0] = _forced[0], kind
+    try:
+        yield
+    finally:
+        _forced[0] = before
+
+
+def forced():
+    """What `forced_product` forces now ("kernel", "fbgemm"), or None."""
+    return _forced[0]
+
+
+def takes_kernel(always=False):
+    """Whether int8 products run on the C++ kernel's int8 product rather than fbgemm's: where the kernel
+    builds and, inside `forced_product`, where it forces "kernel"; outside it, where the kernel's product has
+    a vector form (`int8_form`: vnni or avx2). Decoding forces the choice `model.int8_step.int8_one_call`
+    measures on whole steps. always=True: wherever the kernel builds (per-row results, which depend neither
+    on how many rows a call holds nor on the thread count)."""
     if kernel_error("cpu") is not None:
         return False
     if always:
         return True
-    batch = batch or FORWARD_ROWS
-    if not probe.enabled():
-        return bool(load_kernel("cpu").decode_int8_vnni())
-
-    def measure():
-        g = torch.Generator().manual_seed(0)
-        x, w, b = torch.randn(batch, d_in, generator=g), torch.randn(d_in, d_out, generator=g), torch.zeros(d_out)
-        fbgemm, (Wq, extra), product = quantize(w, b), step_form(w, b), load_kernel("cpu").decode_linear
-        with torch.no_grad():
-            return probe.best_ms(lambda: linear_int8(x, fbgemm), lambda: product(x, Wq, extra), rounds=7)
-    verdict = probe.decide(f"int8-kernel:N{batch}:I{d_in}:O{d_out}", measure)
-    return verdict is not None and verdict.chosen
+    if _forced[0] is not None:
+        return _forced[0] == "kernel"
+    return int8_form() in ("vnni", "avx2")
 
 
-def linear_int8_kernel(x, packed, b, vnni=True):
+def linear_int8_kernel(x, packed, b, form="auto"):
     """b + x W through the C++ kernel's `decode_linear_int8` (built on first use) for W packed by
-    `pack_int8`; vnni=False takes its portable loop even where the CPU has AVX512-VNNI."""
-    return load_kernel("cpu").decode_linear_int8(x, *packed, b, vnni)
+    `pack_int8`; form: "auto" (`int8_form`), or "vnni", "avx2", "portable" where this CPU runs it."""
+    return load_kernel("cpu").decode_linear_int8(x, *packed, b, form)
+
+
+FORM_VAR = "IMAGEGEN_INT8_FORM"
+
+
+def int8_form():
+    """The form of the kernel's int8 product that runs here (`kernel.decode_int8_form`): the best this CPU
+    runs ("vnni": AVX512-VNNI, "avx2", else "portable"), or the one FORM_VAR names (e.g. avx2 on an AVX-512
+    CPU, to measure what an AVX2-only CPU runs); None where the kernel is not built."""
+    if kernel_error("cpu") is not None:
+        return None
+    kernel = load_kernel("cpu")
+    try:
+        return kernel.decode_int8_form()
+    except RuntimeError:
+        forms = kernel.decode_int8_forms()
+        raise UserError(f"{FORM_VAR}={os.environ.get(FORM_VAR)!r} is not a form of the int8 product this CPU runs; "
+                        f"set it to one of {', '.join(forms)} (or auto), or leave it unset.") from None
 
 
 def quantize_columns(w):

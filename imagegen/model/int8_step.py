@@ -1,0 +1,50 @@
+"""Which int8 decoding step a linear PixelTransformer runs at a batch: the one-call C++ step (the kernel's
+int8 products, activations quantized per row) or the Python module loop with fbgemm's products (one
+activation scale per call). Measured on whole steps, not single products: the one-call step also saves
+the loop's Python work, which a product-by-product timing does not see (AMD EPYC family 25 model 17:
+fbgemm's products about as fast as the kernel's VNNI form at 256 rows, its loop 1.15-1.25x slower than
+the one-call step there, 1.6-4.4x at 1-64 rows; docs/speed.md, precision=int8).
+"""
+import torch
+
+from ..ops.int8 import forced, forced_product, int8_form
+from ..tuning import probe
+
+STEPS = 3   # decoding steps per timed call
+
+
+def int8_one_call(model, batch):
+    """Whether `model`'s int8 decoding at `batch` images takes the one-call C++ step: where the kernel builds
+    and a probe (`imagegen.tuning.probe`, keyed by the kernel's int8 form, the batch and the model's shape)
+    does not find the module loop with fbgemm's products `probe.MARGIN` times faster; with probes off, where
+    the kernel's int8 product has a vector form (vnni, avx2; its portable loop is slow). Inside
+    `ops.int8.forced_product`, what that forces."""
+    if forced() is not None:
+        return forced() == "kernel"
+    form = int8_form()
+    if form is None:
+        return False
+    D, F = model.blocks[0].ff[0].weight.shape
+    name = (f"int8-step:{form}:N{int(batch)}:D{D}:F{F}:L{len(model.blocks)}:H{model.blocks[0].attn.n_heads}"
+            f":C{len(model.context)}")
+    verdict = probe.decide(name, lambda: time_steps(model, batch))
+    if verdict is None:
+        return form != "portable"
+    return not verdict.chosen
+
+
+def time_steps(model, batch):
+    """(one-call step ms, module loop with fbgemm's products ms) for STEPS steps of `model` at `batch` images."""
+    from ..dtypes import INT8
+    device, token = torch.device("cpu"), torch.zeros(batch, dtype=torch.long)
+    states = []
+    for kind in ("kernel", "fbgemm"):
+        with forced_product(kind):
+            states.append(model.init_state(batch, device, INT8))
+
+    def run(state):
+        with torch.inference_mode():
+            for _ in range(STEPS):
+                state.t = 1
+                model.step(token, state)
+    return probe.best_ms(lambda: run(states[0]), lambda: run(states[1]), rounds=5)

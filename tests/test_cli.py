@@ -164,6 +164,30 @@ def test_keep_freed_memory(setting):
     assert faults < 1000 if setting == "1" else faults > 30000
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the setting is glibc's")
+@pytest.mark.parametrize("entry", ["command", "load"])
+def test_every_entry_keeps_freed_memory(tmp_path, entry):
+    """Every command (through cli.resolve_device) and imagegen.load set malloc up once: after either, a
+    64 MB tensor made again and again faults in no new pages once the heap has settled, where by default
+    each one maps its 16,384 pages afresh (the numerator's forward at 16,384 positions paid that every call)."""
+    from fixtures import tiny_checkpoint
+    path = tiny_checkpoint(tmp_path / "tiny.pt")
+    setup = {"command": "from imagegen.commands.cli import resolve_device; resolve_device('cpu', 1)",
+             "load": f"import imagegen; imagegen.load({str(path)!r}, threads=1)"}[entry]
+    code = (f"import resource, torch\n{setup}\n"
+            "for _ in range(8):\n"                  # glibc's heap settles after a few (posix_memalign's
+            "    torch.ones(16 << 20)\n"            # chunks fit a freed neighbour only once merged)
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "for _ in range(4):\n"
+            "    torch.ones(16 << 20)\n"
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 4)\n")
+    env = {**os.environ, "IMAGEGEN_PROBE": "0"}
+    env.pop("IMAGEGEN_KEEP_FREED_MEMORY", None)
+    faults = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                check=True).stdout.split()[-1])
+    assert faults < 100
+
+
 @pytest.mark.slow
 def test_bench_attention_and_train_step_tables(tmp_path):
     """The kernels benchmarks run end to end on tiny shapes: one row per dtype and impl (precision

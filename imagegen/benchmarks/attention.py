@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from ..data.sets import dataset_info
-from ..tuning.allocator import keep_freed_memory
 from ..errors import UserError
 from ..model.transformer import build_model
 from ..attention.feature_maps import FEATURE_MAPS, make_feature_map
@@ -178,8 +177,6 @@ def run_attention(c, device, out_dir=None):
     """Time every case; with out_dir, the plan first and the table and JSON rewritten there row by
     row (`progress.Progress`). -> ({"rows": rows}, markdown)."""
     N, H, E = c["batch"], c["heads"], c["head_dim"]
-    if device.type == "cpu":     # malloc as imagegen-train sets it: past ~8k positions the gradients
-        keep_freed_memory()      # are >= 32 MB, which glibc would mmap afresh and fault in every call
     impls = [i for i in c["impls"] if i == "softmax" or i in LINEAR_IMPLS]
     if "kernel" in impls and kernel_error(device.type, warn=True) is not None:
         impls.remove("kernel")
@@ -248,9 +245,7 @@ def run_attention(c, device, out_dir=None):
 def run_train_step(c, device, out_dir=None):
     """One optimizer step of the whole model (the configured architecture) per length,
     precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention, with malloc set
-    up as imagegen-train sets it; with out_dir, the plan first and rows written as they come."""
-    if device.type == "cpu":
-        keep_freed_memory()
+    up as every command sets it (commands.cli.resolve_device); with out_dir, the plan first and rows written as they come."""
     precisions, note = resolve_precisions(c["train_precisions"], device, "train_precisions", FLOAT_PRECISIONS)
     if note:
         print(note)

@@ -13,20 +13,21 @@ Images are numpy uint8 arrays (N, H, W, C); labels are class numbers (model.clas
 On the CPU, load(threads=0) sets torch's thread count to the cores free now, and the model's methods
 look again when the last look is over threads.LOOK_SECONDS old (0.2 s; docs/threads.md); threads=N
 sets N; threads=None leaves torch's thread count alone. On the CPU, load() also sets glibc's malloc to
-keep freed memory, as every command does (imagegen.tuning.allocator.for_device).
+keep freed memory, as every command does (imagegen.ops.allocator.for_device).
 """
 import time
 
 import numpy as np
 import torch
 
-from .tuning import allocator as _allocator, threads as _threads
+from .tuning import threads as _threads
 from .store import checkpoint, shipped
 from .data.sets import dataset_info, load_from_config
 from .config import check_classes, check_sampling
 from .errors import UserError
 from .memory import check_images_fit
 from .model.transformer import model_dims
+from .ops.allocator import for_device
 from .precision import resolve_precision
 from .sampling.decode import generate, grid, resolve_sampler, to_images
 from .bits_per_dim import bits_per_dim
@@ -40,7 +41,7 @@ def load(name_or_path=shipped.DEFAULT, device="cpu", threads=0):
     path = shipped.resolve(name_or_path)
     ck = checkpoint.load(path)
     model = Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck, threads=threads)
-    _allocator.for_device(model.device)       # as every command: no page faults per call on the CPU
+    for_device(model.device)       # as every command: no page faults per call on the CPU
     model._fit_threads(force=True)
     return model
 

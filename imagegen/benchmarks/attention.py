@@ -244,8 +244,9 @@ def run_attention(c, device, out_dir=None):
 
 def run_train_step(c, device, out_dir=None):
     """One optimizer step of the whole model (the configured architecture) per length,
-    precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention, with malloc set
-    up as every command sets it (commands.cli.resolve_device); with out_dir, the plan first and rows written as they come."""
+    precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention, with memory set
+    up as every command sets it (commands.cli.resolve_device); with out_dir, the plan first and rows
+    written as they come."""
     precisions, note = resolve_precisions(c["train_precisions"], device, "train_precisions", FLOAT_PRECISIONS)
     if note:
         print(note)

@@ -278,12 +278,12 @@ def hydra_entry(config_name, task):
 
 def resolve_device(name="auto", threads=0):
     """The torch device `name` asks for; on the CPU, malloc set to keep freed memory
-    (imagegen.tuning.allocator.for_device) and torch's thread count fitted to the cores free now
+    (imagegen.ops.allocator.for_device) and torch's thread count fitted to the cores free now
     (threads=0) or set to threads=N (imagegen.tuning.threads.fit_threads)."""
     import torch
     if threads < 0:
         raise UserError(f"threads must be >= 0 (0: the cores free now), got {threads}.")
-    from ..tuning.allocator import for_device
+    from ..ops.allocator import for_device
     device = pick_device(name, torch)
     for_device(device)                 # malloc keeps freed memory: no page faults per call on the CPU
     if device.type == "cpu":

@@ -1,5 +1,5 @@
-"""glibc malloc tuned for running models on the CPU: `for_device`, which every command
-(commands.cli.resolve_device) and imagegen.load call once their device is known."""
+"""glibc malloc tuned for running models on the CPU (imagegen.ops.allocator.for_device, which every
+command and imagegen.load call, sets it up with the kernel's allocator)."""
 import ctypes
 import os
 import sys
@@ -21,11 +21,3 @@ def keep_freed_memory():
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                      # from glibc's malloc.h
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
-
-def for_device(device):
-    """keep_freed_memory() when `device` (a torch.device) is the CPU: the one place every process that
-    runs a model sets malloc up (commands.cli.resolve_device for every command, imagegen.load for the
-    Python API). Without it each forward at long lengths maps its large outputs afresh: the numerator's
-    forward at 16,384 positions (B 4, H 8, E 32) faulted in 16,385 pages a call and took 2.5x its time
-    (docs/notes/speed.md, "Page faults"). True when the setting was made."""
-    return device.type == "cpu" and keep_freed_memory()

@@ -97,7 +97,7 @@ at::Tensor causal_product_forward(at::Tensor q, at::Tensor k, at::Tensor v) {
     const scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> work(scratch_size<scalar_t>(E, M));
+      Scratch<scalar_t> work(scratch_size<scalar_t>(E, M));
       for (int64_t i = begin; i < end; ++i)
         causal_dot(qp + i * L * E, kp + i * L * E, vp + i * L * M, op + i * L * M, work.data(), L, E, M, false);
     });
@@ -125,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
                    *gp = g.data_ptr<scalar_t>();
     scalar_t *gqp = gq.data_ptr<scalar_t>(), *gkp = gk.data_ptr<scalar_t>(), *gvp = gv.data_ptr<scalar_t>();
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> work(std::max(scratch_size<scalar_t>(E, M), scratch_size<scalar_t>(M, E)));
+      Scratch<scalar_t> work(std::max(scratch_size<scalar_t>(E, M), scratch_size<scalar_t>(M, E)));
       for (int64_t i = begin; i < end; ++i) {
         const scalar_t *q_i = qp + i * L * E, *k_i = kp + i * L * E, *v_i = vp + i * L * M, *g_i = gp + i * L * M;
         causal_dot(g_i, v_i, k_i, gqp + i * L * E, work.data(), L, M, E, false, true);  // grad_q (L, E)

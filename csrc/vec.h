@@ -8,12 +8,15 @@
 
 #include <c10/util/BFloat16.h>
 
-#if defined(__SSE__)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#elif defined(__SSE__)
 #include <xmmintrin.h>
 #endif
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 // The vector helpers below are always inlined, so GCC's note that passing 64-byte vectors
 // by value changes the ABI without AVX-512 does not apply.
@@ -128,6 +131,20 @@ inline __attribute__((always_inline)) void update_and_read(T* rows, const T* con
   for (int s = 0; s < n; ++s) update_and_read_steps<T, 1>(rows, a + s, b + s, w + s, out + s, R, Cp);
 }
 
+// n values of T of scratch starting at a 64-byte boundary, so that rows padded to whole vectors never
+// straddle two cache lines. std::vector's 16-byte alignment put every row of the state across two:
+// each load and store split in two, and a row stored and read back at once (the running z of the
+// fused forward) could not be forwarded from the store and waited for it (a sixth of the forward).
+template <typename T>
+struct Scratch {
+  std::vector<T> values;
+  T* p;
+  explicit Scratch(int64_t n) : values(n + 64 / sizeof(T)) {
+    p = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(values.data()) + 63) & ~uintptr_t(63));
+  }
+  T* data() const { return p; }
+};
+
 // The smaller of two counts. In the target_clones entry points GCC called std::min out of line
 // (4% of the fused backward).
 inline __attribute__((always_inline)) int64_t smaller(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -191,6 +208,13 @@ template <typename T>
 inline __attribute__((always_inline)) T dot(const T* a, const T* b, int64_t Dp) {  // Dp: a multiple of kBlock
   svec_t<T> acc = {};
   for (int64_t i = 0; i < Dp; i += kSweep<T>) acc += sload(a + i) * sload(b + i);
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {  // in registers: hsum's stores and scalar reloads sat in the
+    __m512 m;                                // fused forward's chain from z to 1 / den
+    __builtin_memcpy(&m, &acc, sizeof m);
+    return _mm512_reduce_add_ps(m);
+  }
+#endif
   return hsum<T>(acc);
 }
 

@@ -15,7 +15,8 @@ for all images or one per image. Every argument is checked by the checker the co
 
 On the CPU, load(threads=0) sets torch's thread count to the cores free now, and the model's methods
 look again when the last look is over threads.LOOK_SECONDS old (0.2 s; docs/threads.md); threads=N
-sets N; threads=None leaves torch's thread count alone.
+sets N; threads=None leaves torch's thread count alone. On the CPU, load() also sets glibc's malloc to
+keep freed memory, as every command does (imagegen.ops.allocator.for_device).
 """
 import time
 
@@ -30,6 +31,7 @@ from .errors import UserError
 from .memory import check_grid_fits, check_images_fit, sampling_batch
 from .say import say
 from .model.transformer import model_dims
+from .ops.allocator import for_device
 from .precision import resolve_precision
 from .sampling.decode import generate, grid, resolve_sampler, to_images
 from .bits_per_dim import bits_per_dim
@@ -46,6 +48,7 @@ def load(name_or_path=shipped.DEFAULT, device="cpu", threads=0):
     path = shipped.resolve(name_or_path)
     ck = checkpoint.load(path)
     model = Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck, threads=threads)
+    for_device(model.device)       # as every command: no page faults per call on the CPU
     model._fit_threads(force=True)
     return model
 

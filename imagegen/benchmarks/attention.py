@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from ..data.sets import dataset_info
-from ..tuning.allocator import keep_freed_memory
 from ..errors import UserError
 from ..model.transformer import build_model
 from ..attention.feature_maps import FEATURE_MAPS, make_feature_map
@@ -23,7 +22,7 @@ from ..dtypes import autocast
 from ..precision import FLOAT_PRECISIONS, resolve_precisions
 from .progress import Progress
 from .report import markdown_table, machine
-from .timing import backward_over_forward, median_ms, sync
+from .timing import backward_over_forward, median_ms, sync, time_all
 
 LINEAR_IMPLS = ("cumsum", "chunked", "kernel", "triton", "auto")
 
@@ -85,6 +84,7 @@ def inputs(N, H, L, E, device, dtype="float32", seed=0):
 
 
 def time_case(impl, spec, N, H, L, E, device, dtype, repeat):
+    """{fwd_ms, fwd_bwd_ms: medians; fwd_faults, fwd_bwd_faults: minor page faults per call}."""
     (q, k, v), grad = inputs(N, H, L, E, device, dtype)
     f = attention_fn(impl, spec, H, E, device)
 
@@ -94,7 +94,10 @@ def time_case(impl, spec, N, H, L, E, device, dtype, repeat):
 
     def fwd_bwd():
         torch.autograd.grad(f(q, k, v), (q, k, v), grad)
-    return median_ms(fwd, device, repeat), median_ms(fwd_bwd, device, repeat)
+    faults = {}
+    ms = {**time_all({"fwd": fwd}, device, repeat, faults), **time_all({"fwd_bwd": fwd_bwd}, device, repeat, faults)}
+    return {"fwd_ms": ms["fwd"], "fwd_bwd_ms": ms["fwd_bwd"], "fwd_faults": faults["fwd"],
+            "fwd_bwd_faults": faults["fwd_bwd"]}
 
 
 def peak_memory_child(impl, N, H, L, E, device, dtype, spec="elu"):
@@ -178,8 +181,6 @@ def run_attention(c, device, out_dir=None):
     """Time every case; with out_dir, the plan first and the table and JSON rewritten there row by
     row (`progress.Progress`). -> ({"rows": rows}, markdown)."""
     N, H, E = c["batch"], c["heads"], c["head_dim"]
-    if device.type == "cpu":     # malloc as imagegen-train sets it: past ~8k positions the gradients
-        keep_freed_memory()      # are >= 32 MB, which glibc would mmap afresh and fault in every call
     impls = [i for i in c["impls"] if i == "softmax" or i in LINEAR_IMPLS]
     if "kernel" in impls and kernel_error(device.type, warn=True) is not None:
         impls.remove("kernel")
@@ -195,6 +196,9 @@ def run_attention(c, device, out_dir=None):
     cols = [("dtype", "dtype", None), ("L", "N (length)", None), ("impl", "impl", None), ("map", "feature map", None),
             ("fwd_ms", "fwd ms", "{:.2f}"), ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"),
             ("bwd_over_fwd", "bwd / fwd", "{:.2f}"),
+            ("fwd_us_per_position", "fwd us / position", "{:.3f}"),
+            ("fwd_bwd_us_per_position", "fwd+bwd us / position", "{:.3f}"),
+            ("fwd_faults", "page faults / fwd", "{:.0f}"), ("fwd_bwd_faults", "page faults / fwd+bwd", "{:.0f}"),
             ("speedup_fwd_bwd", "fwd+bwd speedup vs softmax", "{:.1f}x"),
             ("peak_mib", "peak MiB (fwd+bwd)", "{:.1f}"), ("memory_vs_softmax", "memory / softmax", "{:.2f}"),
             ("note", "note", None)]
@@ -211,7 +215,8 @@ def run_attention(c, device, out_dir=None):
               f"scaled_dot_product_attention(is_causal=True) (flash on CUDA); linear: normalised, with the feature map "
               f"named (F features; +gate: random feature attention's gate, chunked form), its features computed in "
               f"the timed call. bwd / fwd = (fwd+bwd - fwd) / fwd, the backward run from a fixed random gradient "
-              f"of the output."
+              f"of the output. us / position: a call's time over its B x L positions (flat across lengths for a "
+              f"linear attention); page faults: minor faults (getrusage) per timed call, ~0 once memory is reused."
               f"{'' if memory else ' quick: peak memory not measured.'}\n"
               f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
         return {"config": c, "machine": machine(), "rows": rows}, md
@@ -230,11 +235,14 @@ def run_attention(c, device, out_dir=None):
             row = {**base, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"}
             line = f"{dtype} L={L:6d} {impl:8s} {spec:12s} {row['note']}"
         else:
-            fwd, fwd_bwd = time_case(impl, spec, N, H, L, E, device, dtype, c["repeat"])
+            timing = time_case(impl, spec, N, H, L, E, device, dtype, c["repeat"])
+            fwd, fwd_bwd = timing["fwd_ms"], timing["fwd_bwd_ms"]
             mem = peak_memory(impl, N, H, L, E, device, dtype, torch.get_num_threads(), spec) if memory else None
-            row = {**base, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "bwd_over_fwd": backward_over_forward(fwd, fwd_bwd),
+            row = {**base, **timing, "bwd_over_fwd": backward_over_forward(fwd, fwd_bwd),
+                   "fwd_us_per_position": fwd * 1e3 / (N * L), "fwd_bwd_us_per_position": fwd_bwd * 1e3 / (N * L),
                    "peak_mib": None if mem is None else mem / 2 ** 20}
             line = (f"{dtype} L={L:6d} {impl:8s} {spec:12s} fwd {fwd:10.2f} ms  fwd+bwd {fwd_bwd:10.2f} ms  "
+                    f"faults/call {timing['fwd_faults']:.0f} {timing['fwd_bwd_faults']:.0f}  "
                     f"peak {row['peak_mib'] or float('nan'):9.1f} MiB")
         rows.append(row)
         if progress:
@@ -247,10 +255,9 @@ def run_attention(c, device, out_dir=None):
 
 def run_train_step(c, device, out_dir=None):
     """One optimizer step of the whole model (the configured architecture) per length,
-    precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention, with malloc set
-    up as imagegen-train sets it; with out_dir, the plan first and rows written as they come."""
-    if device.type == "cpu":
-        keep_freed_memory()
+    precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention, with memory set
+    up as every command sets it (commands.cli.resolve_device); with out_dir, the plan first and rows
+    written as they come."""
     precisions, note = resolve_precisions(c["train_precisions"], device, "train_precisions", FLOAT_PRECISIONS)
     if note:
         print(note)

@@ -9,7 +9,7 @@ Shapes are N,H,L,E,M. Prints the plan, then one table per shape as it is measure
 backward's time over the forward's (bwd/fwd = (fwd+bwd - fwd) / fwd); --json is rewritten after
 every shape ("partial": true until the last), so a stopped run keeps what it measured.
 --quick: two shapes, one chunk size, 3 repeats (about a minute on 2 cores).
-On the CPU malloc is set up as imagegen-train sets it (`imagegen.allocator.keep_freed_memory`):
+On the CPU memory is set up as every command sets it (`imagegen.ops.allocator.for_device`):
 otherwise every output of 32 MB or more is mapped afresh and faulted in at every call, which
 made the backward grow faster than the length past ~8k positions (at N=4, H=8, E=M=32).
 """
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from ..tuning.allocator import keep_freed_memory
+from ..ops.allocator import for_device
 from ..ops import causal_product, kernel_error
 from .report import machine
 from .timing import backward_over_forward, time_all
@@ -70,8 +70,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    if device.type == "cpu":
-        keep_freed_memory()
+    for_device(device)                    # memory as every command sets it (CPU)
     chunks = [int(c) for c in args.chunks.split(",") if c]
     print(f"device={device} dtype={args.dtype} threads={torch.get_num_threads()} repeat={args.repeat}")
     print(f"plan: {len(args.shapes)} shapes ({' '.join(args.shapes)}) x impls chunked/{args.chunks} and kernel, "

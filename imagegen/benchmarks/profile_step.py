@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.profiler import ProfilerActivity, profile
 
-from ..tuning.allocator import keep_freed_memory
+from ..ops.allocator import for_device
 from ..config import ModelConfig
 from ..data.catalogue import DATASETS
 from ..paths import data_dir
@@ -76,7 +76,7 @@ def main(argv=None):
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    keep_freed_memory()                                       # malloc as imagegen-train sets it
+    for_device(torch.device("cpu"))                          # memory as every command sets it
     cfg = model_config(a.preset, a.attention)
     seconds, rows = profile_steps(cfg, a.data, a.batch, a.steps)
     shares = {g: sum(r["share"] for r in rows if r["group"] == g) for g in ("products", "attention", "other")}

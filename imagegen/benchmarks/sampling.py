@@ -34,6 +34,7 @@ from .. import plots
 from .progress import Progress
 from .report import machine, markdown_table
 from .step_limit import limit_share
+from .timing import minor_faults
 
 METHODS = {  # name: (attention, sampler)
     "linear-recurrent": ("linear", "step"),
@@ -44,16 +45,20 @@ METHODS = {  # name: (attention, sampler)
 }
 
 
-def timed(fn, reps):
-    start = time.perf_counter()
+def timed(fn, reps, faults=None):
+    """Seconds per call of fn over reps calls; faults: a list to append the minor page faults per call to."""
+    f0, start = minor_faults(), time.perf_counter()
     for _ in range(reps):
         fn()
-    return (time.perf_counter() - start) / reps
+    seconds = (time.perf_counter() - start) / reps
+    if faults is not None:
+        faults.append((minor_faults() - f0) / reps)
+    return seconds
 
 
 @torch.inference_mode()
-def step_latency(model, batch, t, reps=3, warmup=2, seed=0, dtype=None):
-    """Seconds per decoding step near position t at this batch size (products in dtype)."""
+def step_latency(model, batch, t, reps=3, warmup=2, seed=0, dtype=None, faults=None):
+    """Seconds per decoding step near position t at this batch size (products in dtype); faults: see `timed`."""
     D = model.length
     t = max(0, min(t, D - reps - warmup))
     state = model.init_state(batch, next(model.parameters()).device, dtype)
@@ -65,16 +70,16 @@ def step_latency(model, batch, t, reps=3, warmup=2, seed=0, dtype=None):
     token = torch.randint(0, 256, (batch,))
     for _ in range(warmup):
         draw_step(model, token, state, 1.0, g)
-    return timed(lambda: draw_step(model, token, state, 1.0, g), reps)
+    return timed(lambda: draw_step(model, token, state, 1.0, g), reps, faults)
 
 
 @torch.inference_mode()
-def recompute_latency(model, batch, t, reps=1, seed=0, dtype=None):
+def recompute_latency(model, batch, t, reps=1, seed=0, dtype=None, faults=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, model.length), dtype=torch.uint8, generator=g)
     with int8_forward(model, dtype):                           # int8: quantized once, outside the timing
         recompute_step(model, x, min(t, 16), 1.0, g, dtype)    # warm-up
-        return timed(lambda: recompute_step(model, x, t, 1.0, g, dtype), reps)
+        return timed(lambda: recompute_step(model, x, t, 1.0, g, dtype), reps, faults)
 
 
 @torch.inference_mode()
@@ -92,10 +97,10 @@ def integrate(positions, latencies, D):
     return float(np.interp(np.arange(D), positions, latencies).sum())
 
 
-def latency(model, sampler, batch, t, reps, dtype=None):
-    """Seconds per step of this sampler near position t."""
-    return step_latency(model, batch, t, reps, dtype=dtype) if sampler == "step" else \
-        recompute_latency(model, batch, t, dtype=dtype)
+def latency(model, sampler, batch, t, reps, dtype=None, faults=None):
+    """Seconds per step of this sampler near position t; faults: see `timed`."""
+    return step_latency(model, batch, t, reps, dtype=dtype, faults=faults) if sampler == "step" else \
+        recompute_latency(model, batch, t, dtype=dtype, faults=faults)
 
 
 def measure(model, sampler, batch, positions, reps, dtype=None):
@@ -103,11 +108,13 @@ def measure(model, sampler, batch, positions, reps, dtype=None):
     return integrate(positions, lat, model.length), lat
 
 
-def row_of(name, precision, batch, positions, lat, D, probe_positions):
-    """The result row of one method, precision and batch from its per-position latencies."""
+def row_of(name, precision, batch, positions, lat, D, probe_positions, faults=()):
+    """The result row of one method, precision and batch from its per-position latencies (and the
+    minor page faults per timed call at each position)."""
     seconds = integrate(positions, lat, D)
     row = {"method": name, "precision": precision, "batch": batch, "seconds_per_batch": seconds,
            "images_per_sec": batch / seconds, "seconds_per_image": seconds / batch,
+           "ms_per_position": seconds / D * 1e3, "faults_per_call": float(np.mean(faults)) if len(faults) else None,
            "step_ms_first": lat[0] * 1e3, "step_ms_last": lat[-1] * 1e3}
     at = dict(zip(positions, lat))
     probes = [p for p in probe_positions if p in at]
@@ -174,15 +181,16 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
                     print(f"{name}: skipping batch {batch} in {precision} ({reason})")
                 else:
                     todo.append(precision)
-            lat = {p: [] for p in todo}
+            lat, faults = {p: [] for p in todo}, {p: [] for p in todo}
             for t in positions:                  # the precisions in turn at each position
                 for p in todo:
-                    lat[p].append(latency(model, sampler, batch, t, cfg["reps"], precision_dtype(p)))
+                    lat[p].append(latency(model, sampler, batch, t, cfg["reps"], precision_dtype(p), faults[p]))
             whole = {p: whole_image_seconds(model, cfg["seed"], precision_dtype(p))
                      for p in todo if sampler == "step" and batch == 1}
             lines = []
             for precision in todo:
-                row = row_of(name, precision, batch, positions, lat[precision], model.length, cfg["probe_positions"])
+                row = row_of(name, precision, batch, positions, lat[precision], model.length, cfg["probe_positions"],
+                             faults[precision])
                 if precision in whole:
                     row["whole_image_seconds"] = whole[precision]
                 if name == "linear-recurrent":              # constant work per step: one limit for all positions
@@ -245,13 +253,16 @@ def report(result, cfg, arch_name, info, model_cfg):
             ("batch1_whole_image_seconds", "batch-1 s/image (one whole image)", "{:.3g}"),
             ("batch1_whole_vs_float32", "one whole image x float32", "{:.2f}"),
             ("step_ms_first", "step ms @0", "{:.2f}"), ("step_ms_last", "step ms @D-1", "{:.2f}"),
+            ("ms_per_position", "ms / position (batch)", "{:.3f}"), ("faults_per_call", "page faults / step", "{:.0f}"),
             ("latency_growth", "step latency @" + "/@".join(map(str, cfg["probe_positions"][::-1])), "{:.2f}"),
             ("limit_share", "share of limit", "{:.0%}")]
     header = (f"Sampling speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
               f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), "
               f"{' and '.join(result['precisions'])} products (x slowest, linear is x faster: within one precision; "
               f"share of limit: the RNN step's time against its products at this CPU's measured FLOP/s plus its "
-              f"weights and state at the measured bandwidth, benchmarks/step_limit.py).\n"
+              f"weights and state at the measured bandwidth, benchmarks/step_limit.py; ms / position: the batch's "
+              f"seconds over its D positions; page faults / step: minor faults (getrusage) per timed step, ~0 once "
+              f"memory is reused).\n"
               f"Machine: {machine()}.\n\n")
     md = header + markdown_table(result["best"], cols)
     per_batch = [("method", "method", None), ("precision", "precision", None), ("batch", "batch", None),

@@ -316,11 +316,13 @@ def hydra_entry(config_name, task):
 
 
 def resolve_device(name="auto", threads=0):
-    """The torch device `name` asks for (config.check_device, as the Python API's load); on the CPU,
-    torch's thread count fitted to the cores free now (threads=0) or set to threads=N, at most the cores
-    (imagegen.tuning.threads.fit_threads)."""
+    """The torch device `name` asks for (config.check_device, as the Python API's load); on the CPU, malloc
+    set to keep freed memory (imagegen.ops.allocator.for_device) and torch's thread count fitted to the cores
+    free now (threads=0) or set to threads=N, at most the cores (imagegen.tuning.threads.fit_threads)."""
+    from ..ops.allocator import for_device
     config.check_sampling(threads=threads)
     device = config.check_device(name)
+    for_device(device)                 # malloc keeps freed memory: no page faults per call on the CPU
     if device.type == "cpu" or threads:
         from ..tuning.threads import fit_threads
         fit_threads(int(threads))

@@ -34,8 +34,9 @@ from ..say import apart_from_bars, say
 
 CSRC = data_dir("csrc")
 # CPU: one file per job (the numerator, the fused attention, the whole-model decoding step, its int8
-# products) and the module
-SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "int8_linear.cpp", "bindings.cpp"],
+# products, torch's CPU allocator) and the module
+SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "int8_linear.cpp", "allocator.cpp",
+                   "bindings.cpp"],
            "cuda": ["causal_product_cuda.cu"]}
 # included by the sources (qkv_checks.h by both): part of the build key
 HEADERS = ["cpu_kernel.h", "vec.h", "qkv_checks.h"]
@@ -44,6 +45,7 @@ BUILD_TIME = {"cpu": "about a minute", "cuda": "several minutes"}
 _modules = {}  # device type -> built module, or why it cannot be built
 _compile = [True]  # False: take the kernel only when an earlier process has built it (`prebuilt_only`)
 _warned = set()  # (what, device type) pairs whose fallback has been announced
+_recycle = [False]  # True: torch's CPU tensors through the kernel's allocator once it loads (`recycle_freed_blocks`)
 
 
 class KernelUnavailable(RuntimeError):
@@ -173,7 +175,7 @@ def load_kernel(device_type):
     raises KernelUnavailable with the cause when it cannot be had."""
     if device_type not in _modules:
         try:
-            _modules[device_type] = _build(device_type, may_compile=_compile[0])
+            _loaded(device_type, _build(device_type, may_compile=_compile[0]))
         except KernelUnavailable as exc:
             _modules[device_type] = str(exc)
     module = _modules[device_type]
@@ -182,6 +184,24 @@ def load_kernel(device_type):
         # keeping alive whatever they hold (a DDP wrapper, and through it the process group, past teardown)
         raise KernelUnavailable(module)
     return module
+
+
+def _loaded(device_type, module):
+    """Keep a module just built or loaded, and give torch the CPU one's allocator where asked."""
+    _modules[device_type] = module
+    if device_type == "cpu" and _recycle[0]:
+        module.use_recycling_allocator()
+
+
+def recycle_freed_blocks():
+    """torch's CPU tensors allocated through the CPU kernel's allocator (csrc/allocator.cpp: its freed
+    blocks are what malloc hands out for the next tensor of the same size; torch's own are not): at
+    once when the kernel is loaded or built already, else as soon as this process loads it. Never
+    compiles for it. True when in place now."""
+    _recycle[0] = True
+    if prebuilt_error("cpu") is not None:
+        return False
+    return _modules["cpu"].use_recycling_allocator()
 
 
 def kernel_error(device_type, warn=False):
@@ -226,7 +246,7 @@ def prebuilt_error(device_type):
     if device_type in _modules:
         return kernel_error(device_type)
     try:
-        _modules[device_type] = _build(device_type, may_compile=False)
+        _loaded(device_type, _build(device_type, may_compile=False))
         return None
     except KernelUnavailable as exc:
         return str(exc)

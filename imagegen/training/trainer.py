@@ -29,7 +29,6 @@ from ..store import checkpoint
 from ..store.format import advice
 from ..store.checks import check_compatible, check_resumable, check_training, check_weights_fit
 from ..tuning import probe
-from ..tuning.allocator import keep_freed_memory
 from ..tuning.machine import available_bytes
 from ..tuning.threads import Watch
 from ..world import lost, max_, sum_
@@ -98,8 +97,6 @@ class Trainer:
         t = self.t
         self.dims = (cfg["model"]["d_model"], cfg["model"]["d_ff"])    # the products bf16=auto measures
         self.bf16 = use_bf16(t["bf16"], device, dims=self.dims)
-        if device.type == "cpu":
-            keep_freed_memory()
         (self.x_train, self.y_train), (x_val, y_val) = load_from_config(cfg["data"], ("train", "val"), labels=True)
         self.x_val, self.y_val = x_val[: t["val_images"]], y_val[: t["val_images"]]
         self.info = dataset_info(cfg["data"])

@@ -1,4 +1,5 @@
-"""glibc malloc tuned for training on the CPU."""
+"""glibc malloc tuned for running models on the CPU (imagegen.ops.allocator.for_device, which every
+command and imagegen.load call, sets it up with the kernel's allocator)."""
 import ctypes
 import os
 import sys
@@ -19,3 +20,4 @@ def keep_freed_memory():
         return False
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                      # from glibc's malloc.h
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+

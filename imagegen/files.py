@@ -141,6 +141,7 @@ SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"lossless": True}}
 
 
 def sha256(path):
+    """The sha256 of a file's bytes, as hex."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

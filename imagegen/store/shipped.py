@@ -14,7 +14,6 @@ that ship in the package's checkpoints/ folder.
 so every command checks and loads either the same way (checkpoint.load). The run checkpoints
 (.pt) stay the form to resume from: they also hold the optimizer and the run state.
 """
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -77,7 +76,8 @@ def read(path):
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise UserError(f"{path} is not a readable .safetensors file (damaged or truncated: {reason}); {fix}") from None
     weights = dequantized(weights, path)
-    if "weights_sha256" in meta and meta["weights_sha256"] != file_sha256(path):
+    from ..files import sha256
+    if "weights_sha256" in meta and meta["weights_sha256"] != sha256(path):
         raise UserError(f"{path} does not match the weights_sha256 recorded in {config_path.name} (damaged or "
                         f"altered since imagegen-convert wrote it); reinstall imagegen for a shipped model, else {fix}")
     record = meta.get("record", {})
@@ -168,23 +168,14 @@ def write(stem, config, weights, record):
 def write_config(stem, config, record):
     """Write STEM.json alone (a shippable_config, the record and the sha256 of the STEM.safetensors written
     before it); returns its path."""
-    from ..files import write_bytes
+    from ..files import sha256, write_bytes
 
     meta = Path(stem).with_suffix(".json")
-    digest = file_sha256(Path(stem).with_suffix(".safetensors"))
+    digest = sha256(Path(stem).with_suffix(".safetensors"))
     text = json.dumps({"format": FORMAT, "weights_sha256": digest, "config": config, "record": record},
                       indent=1) + "\n"
     write_bytes(meta, text.encode(), "config", WRITE_FIX)
     return meta
-
-
-def file_sha256(path):
-    """The sha256 of a file's bytes, as hex (what STEM.json records of STEM.safetensors)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_int8(weights, path):

@@ -161,7 +161,7 @@ def test_eval_and_sample_at_int8(mnist_root, tmp_path):
     out = tmp_path / "grid.png"
     proc = run("imagegen-sample", f"checkpoint={tmp_path / 'last.pt'}", "precision=int8", "num_images=4", "nrow=2",
                "labels=none", f"out={out}", "threads=1", "progress=false")
-    assert out.exists() and "int8 (precision=int8)" in proc.stdout
+    assert out.exists() and "batch 4, int8" in proc.stdout
 
 
 # ---- the C++ kernel's small-batch int8 product (decode_linear_int8; csrc/int8_linear.cpp) ----------

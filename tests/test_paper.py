@@ -319,7 +319,9 @@ sys.exit(bench())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("after", [0.0, 0.3, 1.0, 2.5])
+@pytest.mark.parametrize("after", [0.3, 1.0, 2.5])   # not 0: Python's own import of imagegen.commands.scripts,
+# before its first line runs, is out of our reach (a SIGINT there shows the interpreter's traceback; under
+# load that window reached this test at 0 s)
 def test_ctrl_c_while_starting_is_one_line_and_exit_130(mnist_root, tmp_path, after):
     """SIGINT at some point of the start-up (imports of imagegen, Hydra, torch; the configs; the data
     check; the first runs): `interrupted`, exit status 130, nothing left half-written."""

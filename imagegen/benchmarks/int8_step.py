@@ -116,13 +116,20 @@ def step_calls(model, batch):
     return {name: call(state) for name, state in states.items()}
 
 
+def shipped_model(name):
+    """(the module of a shipped model or checkpoint, in evaluation mode; its checkpoint dict)."""
+    from ..store import checkpoint, shipped
+    path = shipped.resolve(name)
+    ck = checkpoint.load(path)
+    return checkpoint.model_from_checkpoint(ck, path).eval(), ck
+
+
 def step_rows(names, batches, rounds):
     """One row per shipped model and batch: CPU milliseconds per decoding step of each of STEPS (interleaved
     rounds, the best kept), and the ratios float32 / one-call int8 and module loop (fbgemm) / one-call int8."""
-    from ..api import load
     rows = []
     for name in names:
-        model = load(name, threads=None).module
+        model = shipped_model(name)[0]
         for batch in batches:
             calls = step_calls(model, batch)
             per_round = max(1, 256 // batch)
@@ -138,13 +145,17 @@ def step_rows(names, batches, rounds):
 def generate_rows(names, batch, rounds):
     """One row per shipped model: CPU seconds to sample `batch` whole images (one batch, no guidance, the
     sampler's own choice of step) at float32 and at int8, in turns, `rounds` times; images/sec of the best."""
-    from ..api import load
+    from ..model.transformer import model_dims
+    from ..precision import resolve_precision
+    from ..sampling.decode import generate
     rows = []
     for name in names:
-        model = load(name, threads=None)
-        labels = [i % len(model.class_names) for i in range(batch)] if model.class_names else None
-        calls = {p: (lambda p=p: model.generate(n=batch, labels=labels, guidance=1.0, precision=p, batch_size=batch))
-                 for p in ("float32", "int8")}
+        model, ck = shipped_model(name)
+        labels = torch.arange(batch) % model.num_classes if model.num_classes else None
+        dtypes = {p: resolve_precision(p, torch.device("cpu"), dims=model_dims(model), batch=batch,
+                                       record=ck.get("record")) for p in ("float32", "int8")}
+        calls = {p: (lambda p=p: generate(model, batch, labels=labels, guidance=1.0, batch_size=batch,
+                                          dtype=dtypes[p])) for p in dtypes}
         s = {k: v / 1e6 for k, v in time_interleaved(calls, rounds, 1, time.thread_time).items()}
         rows.append({"model": name, "batch": batch, "float32_s": s["float32"], "int8_s": s["int8"],
                      "float32_images_s": batch / s["float32"], "int8_images_s": batch / s["int8"],

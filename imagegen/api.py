@@ -99,10 +99,7 @@ class Model:
         check_images_fit(self.info, n, f"n={n:,}")
         seqs = generate(self.module, n, temperature=temperature, seed=seed, batch_size=batch_size,
                         labels=labels, guidance=self.guidance if guidance is None else guidance,
-                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module),
-                                                batch=sampling_batch(self.module, batch_size, n, self.sampler,
-                                                                     self.device), record=self.record),
-                        progress=progress)
+                        dtype=self._dtype(precision, batch_size, n), progress=progress)
         return to_images(seqs, self.info)
 
     def complete(self, images, rows=None, n=1, labels=None, temperature=1.0, guidance=None, seed=0,
@@ -123,10 +120,13 @@ class Model:
             labels = labels.repeat_interleave(n)
         seqs = generate(self.module, len(prefix), prefix=prefix, temperature=temperature, seed=seed,
                         batch_size=batch_size, labels=labels, guidance=self.guidance if guidance is None else guidance,
-                        dtype=resolve_precision(precision, self.device, dims=model_dims(self.module),
-                                                batch=sampling_batch(self.module, batch_size, len(prefix),
-                                                                     self.sampler, self.device), record=self.record))
+                        dtype=self._dtype(precision, batch_size, len(prefix)))
         return to_images(seqs, self.info).reshape(len(images), n, *images.shape[1:])
+
+    def _dtype(self, precision, batch_size, n):
+        """The products' dtype `precision` resolves to at the batch sampling n images runs (sampling_batch)."""
+        batch = sampling_batch(self.module, batch_size, n, self.sampler, self.device)
+        return resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch, record=self.record)
 
     def bits_per_dim(self, images, labels=None, batch_size=32):
         """Exact bits/dim of images (B, H, W, C) uint8 under p(x | label), given their labels (one per image,

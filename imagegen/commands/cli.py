@@ -300,8 +300,6 @@ def hydra_entry(config_name, task):
                     raise UserError(f"{command_name(config_name)} needs {', '.join(f'{k}=...' for k in missing)}; "
                                     f"see {command_name(config_name)} --help.")
                 plain = OmegaConf.to_container(cfg, resolve=True)
-                if "threads" in plain:                      # every command that has it, those that import no torch too
-                    config.check_threads(plain["threads"])
                 task(plain, resolve_device(plain["device"], plain["threads"]) if uses_device else None)
             except UserError as e:
                 sys.exit(f"error: {e}")
@@ -320,7 +318,7 @@ def resolve_device(name="auto", threads=0):
     set to keep freed memory (imagegen.ops.allocator.for_device) and torch's thread count fitted to the cores
     free now (threads=0) or set to threads=N, at most the cores (imagegen.tuning.threads.fit_threads)."""
     from ..ops.allocator import for_device
-    config.check_sampling(threads=threads)
+    config.check_threads(threads)
     device = config.check_device(name)
     for_device(device)                 # malloc keeps freed memory: no page faults per call on the CPU
     if device.type == "cpu" or threads:

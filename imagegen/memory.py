@@ -7,9 +7,14 @@ from .errors import UserError
 from .tuning.machine import available_bytes
 
 
+def _widths(model):
+    """(d_model, d_ff) of the model's blocks."""
+    return model.blocks[0].attn.d_model, model.blocks[0].ff[0].weight.shape[1]
+
+
 def _per_position(model):
     """One position's activations in one block (and the head's outputs), in values."""
-    d_model, d_ff = model.blocks[0].attn.d_model, model.blocks[0].ff[0].weight.shape[1]
+    d_model, d_ff = _widths(model)
     return 4 * d_model + d_ff + model.head.n_params
 
 
@@ -20,7 +25,7 @@ def forward_bytes(model, batch, training=False, bytes_per_value=4):
     position in each (measured within 15% on the CPU, 5-22% over on an H200: docs/training.md)."""
     D, blocks = model.length, model.blocks
     if training:
-        d_model, d_ff = blocks[0].attn.d_model, blocks[0].ff[0].weight.shape[1]
+        d_model, d_ff = _widths(model)
         return bytes_per_value * batch * D * (len(blocks) * (12 * d_model + 2 * d_ff) + 4 * model.head.n_params)
     scores = blocks[0].attn.n_heads * D * D if blocks[0].attn.name == "softmax" else 0
     return bytes_per_value * batch * (D * _per_position(model) * 2 + scores)

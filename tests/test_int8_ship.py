@@ -82,11 +82,16 @@ def test_int8_file_is_about_a_quarter_of_the_float32_one(run_checkpoint, tmp_pat
     assert i8 < 0.35 * f32, (i8, f32)
 
 
-def test_damaged_int8_files_are_one_sentence(run_checkpoint, tmp_path, mnist_root):
-    path, _ = run_checkpoint
-    convert_at(path, tmp_path / "m8", mnist_root, "int8")
+@pytest.fixture
+def int8_file(run_checkpoint, tmp_path, mnist_root):
+    """The run's checkpoint converted to int8: (m8.safetensors's path, its tensors as written)."""
+    convert_at(run_checkpoint[0], tmp_path / "m8", mnist_root, "int8")
     weights = tmp_path / "m8.safetensors"
-    good = load_file(weights)
+    return weights, load_file(weights)
+
+
+def test_damaged_int8_files_are_one_sentence(int8_file):
+    weights, good = int8_file
     name = "blocks.0.ff.0.weight"
     cases = [({k: v for k, v in good.items() if k != name + "_scale"},
               f"its int8 weight {name} has no scales {name}_scale beside it"),
@@ -104,12 +109,9 @@ def test_damaged_int8_files_are_one_sentence(run_checkpoint, tmp_path, mnist_roo
         assert message in one_sentence(e) and "diverged" not in str(e.value)
 
 
-def test_int8_scales_changed_to_other_valid_ones_are_refused(run_checkpoint, tmp_path, mnist_root):
+def test_int8_scales_changed_to_other_valid_ones_are_refused(int8_file):
     """Positive finite scales of another model pass every structural check; the recorded sha256 refuses them."""
-    path, _ = run_checkpoint
-    convert_at(path, tmp_path / "m8", mnist_root, "int8")
-    weights = tmp_path / "m8.safetensors"
-    good = load_file(weights)
+    weights, good = int8_file
     name = "blocks.0.ff.0.weight_scale"
     save_file({**good, name: good[name] * 2}, weights)
     with pytest.raises(UserError, match="does not match the weights_sha256 recorded in m8.json") as e:

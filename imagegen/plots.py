@@ -1,11 +1,13 @@
 """Figures drawn with matplotlib on its Agg canvas (PNG files, no display): line charts, the
 training curves of runs read from their metrics.jsonl."""
+import io
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 
+from . import files
 from .errors import UserError
 
 
@@ -32,17 +34,29 @@ def log_y(ax):
     ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
 
 
-def save(fig, path):
-    """Write the figure as PNG, creating the folder; an unwritable path is a one-sentence UserError."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-    except OSError as e:
-        raise UserError(f"cannot write the plot {path} ({e.strerror or e}); pass out=PATH in a writable "
-                        f"folder.") from None
+def encode(fig, path):
+    """The figure's bytes in the format path's suffix names (.png, .svg, .pdf, ...), 100 dpi; a UserError
+    sentence for a suffix matplotlib does not write."""
+    fmt = Path(path).suffix[1:].lower()
+    if fmt not in fig.canvas.get_supported_filetypes():
+        named = f"ends in .{fmt}, which names no format matplotlib writes" if fmt else "has no suffix"
+        raise UserError(f"{path} {named}; end it in .png, .svg or .pdf (nothing was written).")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=100)
+    return buf.getvalue()
+
+
+def save(fig, path, overwrite=None):
+    """Write the figure (atomically, creating the folder) and say so. overwrite=None: a benchmark's own
+    output folder, replaced freely as its tables are; True/False: a path the user chose, under
+    files.write_owned's rule (a file imagegen did not write there is replaced only with overwrite)."""
+    data = encode(fig, path)
+    if overwrite is None:
+        files.write_bytes(path, data, "plot")
+    else:
+        files.write_owned(path, data, "plot", overwrite)
     print(f"wrote {path}")
-    return path
+    return Path(path)
 
 
 def line_chart(path, series, title, xlabel, ylabel, log=False):
@@ -111,7 +125,7 @@ def run_labels(run_dirs):
     return [n if names.count(n) == 1 else str(d) for n, d in zip(names, run_dirs)]
 
 
-def training_curves(run_dirs, out, log=False):
+def training_curves(run_dirs, out, log=False, overwrite=False):
     """One PNG with two panels, bits/dim against steps and against minutes of training: each run's
     training bits/dim (thin line) and validation bits/dim (markers) in one colour per run."""
     if not run_dirs:
@@ -146,7 +160,7 @@ def training_curves(run_dirs, out, log=False):
             log_y(ax)
         if ax.lines:
             ax.legend(frameon=True, fontsize="small")
-    return save(fig, out)
+    return save(fig, out, overwrite)
 
 
 def default_out(run_dirs, name="curves.png"):

@@ -70,6 +70,25 @@ def test_prepare_errors_are_one_sentence(tmp_path):
         assert proc.returncode and pattern in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
+def test_prepare_grid_keeps_a_file_imagegen_did_not_write(tmp_path):
+    root = tmp_path / "pics"
+    write_class_folder(root, classes=("cat", "dog"), per_class=3, size=(8, 8))
+    data = ["prepare", "data=folder", f"data.root={root}", "data.image_size=4", "progress=false"]
+    mine = tmp_path / "real.png"
+    mine.write_text("mine")
+    proc = call("imagegen-data", *data, f"grid={mine}")
+    assert proc.returncode and "overwrite=true" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert mine.read_text() == "mine"
+    assert call("imagegen-data", *data, f"grid={mine}", "overwrite=true").returncode == 0
+    assert call("imagegen-data", *data, f"grid={mine}").returncode == 0          # ours now: replaced
+    from PIL import Image
+    assert Image.open(mine).format == "PNG"
+    jpg = tmp_path / "real.jpg"
+    assert call("imagegen-data", *data, f"grid={jpg}").returncode == 0 and Image.open(jpg).format == "JPEG"
+    proc = call("imagegen-data", *data, f"grid={tmp_path / 'real.txt'}")
+    assert proc.returncode and "end it in .png" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
 SLOW_CONVERT = """
 import sys, time
 from imagegen.data import folder, source

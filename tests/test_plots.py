@@ -108,6 +108,26 @@ def test_training_curves_errors_are_one_sentence(tmp_path):
         plots.training_curves([], tmp_path / "x.png")
 
 
+def test_training_curves_keep_a_file_imagegen_did_not_write(tmp_path):
+    a = write_run(tmp_path / "a", train_rows(range(1, 30), 8, 1.0) + [{"step": 29, "val_bpd": 3.0}])
+    essay = tmp_path / "essay.png"
+    essay.write_text("mine")
+    with pytest.raises(UserError, match="overwrite=true") as e:
+        plots.training_curves([a], essay)
+    assert essay.read_text() == "mine" and "\n" not in str(e.value)
+    assert Image.open(plots.training_curves([a], essay, overwrite=True)).format == "PNG"
+    essay.write_bytes(b"")                                          # changed since: refused again
+    with pytest.raises(UserError, match="overwrite=true"):
+        plots.training_curves([a], essay)
+    plots.training_curves([a], essay, overwrite=True)
+    assert Image.open(plots.training_curves([a], essay)).format == "PNG"   # ours, unchanged: replaced
+    svg = plots.training_curves([a], tmp_path / "curves.svg")
+    assert svg.read_text().lstrip().startswith("<?xml")                 # the format the suffix names
+    with pytest.raises(UserError, match="names no format matplotlib writes"):
+        plots.training_curves([a], tmp_path / "curves.txt")
+    assert not (tmp_path / "curves.txt").exists()
+
+
 def run_module(module, *args):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,

@@ -5,7 +5,7 @@ from ..plots import default_out, training_curves
 
 def task(c, device):
     runs = [c["runs"]] if isinstance(c["runs"], str) else list(c["runs"] or [])   # runs=DIR or runs=[A,B]
-    training_curves(runs, c["out"] or (default_out(runs) if runs else None), log=c["log"])
+    training_curves(runs, c["out"] or (default_out(runs) if runs else None), log=c["log"], overwrite=c["overwrite"])
 
 
 main = hydra_entry("plot", task)

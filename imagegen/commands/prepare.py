@@ -11,6 +11,7 @@ import numpy as np
 from ..data import imagecache, source
 from .cli import hydra_entry, interrupted
 from ..errors import UserError
+from ..files import check_target, encode_image, image_format, write_owned
 
 VERBS = ("prepare",)
 
@@ -81,6 +82,9 @@ def prepare(cfg, device):
     d = cfg["data"]
     if cfg["grid_images"] < 0 or cfg["nrow"] < 1 or cfg["scale"] < 1:
         raise UserError("grid_images must be >= 0, nrow and scale >= 1.")
+    if cfg["grid"]:
+        check_target(cfg["grid"], "grid")
+        image_format(cfg["grid"])              # an unknown suffix refused before any work
     if d["name"] == "folder":
         lines, train, shape, default_grid = folder_report(d, cfg)
     elif cfg["check"]:
@@ -99,8 +103,9 @@ def prepare(cfg, device):
     pick = np.sort(np.random.default_rng(0).choice(len(train), n, replace=False))
     images = train[pick].numpy().reshape(n, *shape)
     out = Path(cfg["grid"]) if cfg["grid"] else default_grid
-    out.parent.mkdir(parents=True, exist_ok=True)
-    grid(images, nrow=cfg["nrow"], scale=cfg["scale"]).save(out)
+    picture = grid(images, nrow=cfg["nrow"], scale=cfg["scale"])
+    ours = d["name"] == "folder" and not cfg["grid"]       # grid.png inside the cache folder imagegen built
+    write_owned(out, encode_image(picture, image_format(out, picture.mode)), "grid", cfg["overwrite"] or ours)
     print(f"wrote {out} ({n} training images as the model sees them)")
 
 

@@ -341,6 +341,8 @@ class PlotConfig:
     runs: Any = opt([], "run folders of imagegen-train (each holds metrics.jsonl): runs=DIR or runs=[A,B]")
     out: Optional[str] = opt(None, "PNG to write (null: curves.png in the runs' common folder)")
     log: bool = opt(False, "log-scale bits/dim axes")
+    overwrite: bool = opt(False, "replace a file at out that imagegen did not write there (a symlink is replaced, "
+                                 "never written through)")
 
 
 @dataclass
@@ -352,6 +354,8 @@ class PrepareConfig:
     nrow: int = opt(8, "images per row of the grid")
     scale: int = opt(2, "nearest-neighbour upscaling of the grid")
     progress: bool = opt(True, "show the conversion's progress bar")
+    overwrite: bool = opt(False, "replace a file at grid that imagegen did not write there (a symlink is replaced, "
+                                 "never written through)")
     data: DataConfig = field(default_factory=DataConfig)
 
 

@@ -103,10 +103,11 @@ constexpr int64_t kAhead = 8;  // rows prefetched ahead
 template <typename T>
 int64_t state_size(int64_t E, int64_t M) { return E * padded<T>(M) + padded<T>(E); }
 
-template <typename S, typename T = compute_t<S>>
+template <typename S, int64_t D, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_forward_head(
-    Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<S> out, T* inv, int64_t L, int64_t E, int64_t M,
+    Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<S> out, T* inv, int64_t L, int64_t E_, int64_t M_,
     T eps, T* state, T* work, bool stream) {
+  const int64_t E = D ? D : E_, M = D ? D : M_;  // D: E = M known when compiled (see kHeadDim)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *z = state + E * Mp, *qf = work, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
     *o = v_row + kSteps * Mp;  // work: kSteps rows each of phi(q), phi(k), v, out
@@ -163,7 +164,7 @@ inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad
 // The gradient rows are written with stream_row (non-temporal stores).
 constexpr int64_t kRowBlock = 64;  // a multiple of kSteps
 
-template <typename S, typename T>
+template <typename S, int64_t D, typename T>
 struct BackwardRows {
   Rows<const S> q, k, v, out, g;
   const T* inv;
@@ -173,7 +174,7 @@ struct BackwardRows {
   // Rows t0 .. t0 + n - 1 of v and gn into rows 0 .. n - 1 of VF, GN; first (the forward sweep):
   // also phi(q_t), phi(k_t) into rows t of QF, KF, and gd_t; else those are read back.
   void prepare(int64_t t0, int64_t n, bool first) const {
-    const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+    const int64_t E = D ? D : this->E, M = D ? D : this->M, Ep = padded<T>(E), Mp = padded<T>(M);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = t0 + i;
       if (t + kAhead < L) {
@@ -194,10 +195,11 @@ struct BackwardRows {
   }
 };
 
-template <typename S, typename T = compute_t<S>>
+template <typename S, int64_t D, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_backward_head(
     Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<const S> out, const T* inv, Rows<const S> g,
-    Rows<S> gq, Rows<S> gk, Rows<S> gv, int64_t L, int64_t E, int64_t M, T* work) {
+    Rows<S> gq, Rows<S> gk, Rows<S> gv, int64_t L, int64_t E_, int64_t M_, T* work) {
+  const int64_t E = D ? D : E_, M = D ? D : M_;
   using V = svec_t<T>;
   constexpr int64_t B = kSweep<T>;
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
@@ -206,7 +208,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
   T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *VF = KF + L * Ep, *GN = VF + kRowBlock * Mp,
     *gd = GN + kRowBlock * Mp;
   std::fill(work, QF, T(0));
-  const BackwardRows<S, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, VF, GN, gd, o};
+  const BackwardRows<S, D, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, VF, GN, gd, o};
   const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
   T *acc_s[kSteps], *o_s[kSteps];
   for (int s = 0; s < kSteps; ++s) acc_s[s] = acc + s * Ep, o_s[s] = o + s * Mp;
@@ -264,19 +266,27 @@ int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forwa
   return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + 2 * kRowBlock * Mp + L * (2 * Ep + 1);  // >= forward's
 }
 
-// Entry points per storage type (f32, f64, bf16), cloned as above.
+// Entry points per storage type (f32, f64, bf16), cloned as above. Each has a copy compiled for
+// E = M = kHeadDim, every preset's head size (d_model / n_heads), whose row loops have fixed counts.
+constexpr int64_t kHeadDim = 32;
 #define ATTENTION_ENTRY_POINTS(S, suffix)                                                                    \
   CP_MULTIVERSION void attention_forward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,        \
                                                   Rows<S> out, compute_t<S>* inv, int64_t L, int64_t E,     \
                                                   int64_t M, compute_t<S> eps, compute_t<S>* state,         \
                                                   compute_t<S>* work, bool stream) {                        \
-    attention_forward_head<S>(q, k, v, out, inv, L, E, M, eps, state, work, stream);                      \
+    if (E == kHeadDim && M == kHeadDim)                                                                     \
+      attention_forward_head<S, kHeadDim>(q, k, v, out, inv, L, E, M, eps, state, work, stream);            \
+    else                                                                                                    \
+      attention_forward_head<S, 0>(q, k, v, out, inv, L, E, M, eps, state, work, stream);                   \
   }                                                                                                         \
   CP_MULTIVERSION void attention_backward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,       \
                                                    Rows<const S> out, const compute_t<S>* inv,              \
                                                    Rows<const S> g, Rows<S> gq, Rows<S> gk, Rows<S> gv,     \
                                                    int64_t L, int64_t E, int64_t M, compute_t<S>* work) {   \
-    attention_backward_head<S>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                          \
+    if (E == kHeadDim && M == kHeadDim)                                                                     \
+      attention_backward_head<S, kHeadDim>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                \
+    else                                                                                                    \
+      attention_backward_head<S, 0>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                       \
   }
 ATTENTION_ENTRY_POINTS(float, f32)
 ATTENTION_ENTRY_POINTS(double, f64)

@@ -222,6 +222,23 @@ def test_impl_matches_reference_float64(op, impl, shape, request):
     assert_close_all(got, out_and_grads(reference, q, k, v), rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("N, H, L", [(1, 1, 1), (1, 1, 5), (2, 3, 133), (3, 1, 64)])
+@pytest.mark.parametrize("layout", ["contiguous", "packed"])
+def test_fused_kernel_head_dim_32_matches_reference_float64(N, H, L, layout, cpu_kernel):
+    """E = M = 32 runs the kernel's copy compiled for that size (every preset's head): outputs and
+    gradients against the reference in float64, lengths not a multiple of the sweeps' steps or row
+    blocks, on separate tensors and on views of one projection (N, L, 3, H, E)."""
+    E = 32
+    if layout == "packed":
+        qkv = torch.randn(N, L, 3, H, E, dtype=torch.float64) * 2
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        assert q.stride(2) == 3 * H * E
+    else:
+        q, k, v = make_raw_qkv(N, H, L, E, E)
+    got = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), q, k, v)
+    assert_close_all(got, out_and_grads(linear_attention_reference, q, k, v), rtol=1e-9, atol=1e-10)
+
+
 def test_fused_kernel_gradcheck(cpu_kernel):
     q, k, v = (t.requires_grad_() for t in make_raw_qkv(1, 2, 7, 3, 4))
     assert torch.autograd.gradcheck(lambda *t: kernels.linear_attention_kernel(*t, eps=1e-6), (q, k, v))

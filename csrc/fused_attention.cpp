@@ -157,10 +157,10 @@ inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad
 //   reverse sweep   grad phi(k_j) = sum_{t>=j} phi(q_t) (v_j . gn_t + gd_t)       (state R^T, M x E, and r)
 //                   grad v_j      = sum_{t>=j} (phi(q_t) . phi(k_j)) gn_t         (state R, E x M)
 // and phi'(x) = min(phi(x), 1) turns the feature gradients into grad q, grad k.
-// Each sweep goes kRowBlock positions at a time, their v and gn computed into block rows of work
-// that stay in cache (rows of v and gn for the whole sequence, written once and read by both
-// sweeps, lived in L3 past a few hundred positions); phi(q), phi(k) and gd are computed by the
+// Each sweep goes kRowBlock positions at a time; phi(q), phi(k), gn and gd are computed by the
 // first sweep for the whole sequence and read back by the second (cheaper than the exps again).
+// v (and out, for gd) are read in place where they are float rows (the sweeps read v's values one
+// at a time); bfloat16 ones are widened into block rows of work first.
 // The gradient rows are written with stream_row (non-temporal stores).
 constexpr int64_t kRowBlock = 64;  // a multiple of kSteps
 
@@ -169,25 +169,39 @@ struct BackwardRows {
   Rows<const S> q, k, v, out, g;
   const T* inv;
   int64_t L, E, M;
-  T *QF, *KF, *VF, *GN, *gd, *o;  // QF, KF (L, Ep); VF, GN (kRowBlock, Mp); gd (L); o (Mp) scratch
+  T *QF, *KF, *GN, *VF, *gd, *o;  // QF, KF, GN (L, Ep or Mp); VF (kRowBlock, Mp); gd (L); o (Mp) scratch
+  static constexpr bool kInPlace = std::is_same_v<S, T>;  // v's rows read where they are
 
-  // Rows t0 .. t0 + n - 1 of v and gn into rows 0 .. n - 1 of VF, GN; first (the forward sweep):
-  // also phi(q_t), phi(k_t) into rows t of QF, KF, and gd_t; else those are read back.
+  // v's row t (in place, or widened into row t - t0 of VF)
+  const T* v_row(int64_t t, int64_t t0) const {
+    if constexpr (kInPlace) return v[t];
+    else return VF + (t - t0) * padded<T>(D ? D : M);
+  }
+
+  // Rows t0 .. t0 + n - 1: v widened into VF (bfloat16); first (the forward sweep): also phi(q_t),
+  // phi(k_t), gn_t into rows t of QF, KF, GN, and gd_t; else those are read back.
   void prepare(int64_t t0, int64_t n, bool first) const {
     const int64_t E = D ? D : this->E, M = D ? D : this->M, Ep = padded<T>(E), Mp = padded<T>(M);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = t0 + i;
       if (t + kAhead < L) {
-        v.prefetch(t + kAhead, M), g.prefetch(t + kAhead, M);
-        if (first) q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), out.prefetch(t + kAhead, M);
+        v.prefetch(t + kAhead, M);
+        if (first) q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), out.prefetch(t + kAhead, M),
+                   g.prefetch(t + kAhead, M);
       }
-      T* gn = GN + i * Mp;
-      convert_row(v[t], VF + i * Mp, M);
-      for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
-      for (int64_t m = M; m < Mp; ++m) gn[m] = T(0);
+      if constexpr (!kInPlace) convert_row(v[t], VF + i * Mp, M);
       if (first) {
+        T* gn = GN + t * Mp;
+        for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
+        for (int64_t m = M; m < Mp; ++m) gn[m] = T(0);
         phi_row(q[t], QF + t * Ep, E);
         phi_row(k[t], KF + t * Ep, E);
+        if constexpr (kInPlace) {
+          if (M == Mp) {  // out's row read in place
+            gd[t] = -dot(gn, out[t], Mp);
+            continue;
+          }
+        }
         convert_row(out[t], o, M);  // o zero-padded; a vector dot, not a scalar chain
         gd[t] = -dot(gn, o, Mp);
       }
@@ -205,10 +219,9 @@ inline __attribute__((always_inline)) void attention_backward_head(
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *St = work, *Rt = St + M * Ep, *R = Rt + M * Ep, *z = R + E * Mp, *r = z + Ep, *acc = r + Ep,
     *o = acc + kSteps * Ep;  // acc: kSteps rows of Ep, o: kSteps rows of Mp
-  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *VF = KF + L * Ep, *GN = VF + kRowBlock * Mp,
-    *gd = GN + kRowBlock * Mp;
+  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *GN = KF + L * Ep, *VF = GN + L * Mp, *gd = VF + kRowBlock * Mp;
   std::fill(work, QF, T(0));
-  const BackwardRows<S, D, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, VF, GN, gd, o};
+  const BackwardRows<S, D, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, GN, VF, gd, o};
   const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
   T *acc_s[kSteps], *o_s[kSteps];
   for (int s = 0; s < kSteps; ++s) acc_s[s] = acc + s * Ep, o_s[s] = o + s * Mp;
@@ -216,7 +229,8 @@ inline __attribute__((always_inline)) void attention_backward_head(
   auto gather = [&](int64_t b0, int64_t i0, int n, int dir) {
     for (int s = 0; s < n; ++s) {
       const int64_t i = i0 + dir * s;
-      qf_s[s] = QF + (b0 + i) * Ep, kf_s[s] = KF + (b0 + i) * Ep, gn_s[s] = GN + i * Mp, v_s[s] = VF + i * Mp;
+      qf_s[s] = QF + (b0 + i) * Ep, kf_s[s] = KF + (b0 + i) * Ep, gn_s[s] = GN + (b0 + i) * Mp;
+      v_s[s] = rows.v_row(b0 + i, b0);
     }
   };
   for (int64_t b0 = 0; b0 < L; b0 += kRowBlock) {
@@ -263,7 +277,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
 template <typename T>
 int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + 2 * kRowBlock * Mp + L * (2 * Ep + 1);  // >= forward's
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + kRowBlock * Mp + L * (2 * Ep + Mp + 1);  // >= forward's
 }
 
 // Entry points per storage type (f32, f64, bf16), cloned as above. Each has a copy compiled for

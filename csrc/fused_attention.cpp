@@ -44,8 +44,12 @@ typedef int32_t vec_i32 __attribute__((vector_size(CP_SWEEP_BYTES)));
 inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float> x) {
   using V = svec_t<float>;
   x = x < -87.0f ? V{} - 87.0f : x;
+#if CP_SWEEP_BYTES == 64 && defined(__AVX512F__)  // round and 2^n in one instruction each (vrndscaleps, vscalefps)
+  const V nf = (V)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
   const vec_i32 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vec_i32);  // round(x / ln2), x <= 0
   const V nf = __builtin_convertvector(n, V);
+#endif
   const V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
   V p = V{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -54,7 +58,11 @@ inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
+#if CP_SWEEP_BYTES == 64 && defined(__AVX512F__)
+  return (V)_mm512_scalef_ps((__m512)p, (__m512)nf);
+#else
   return p * (V)((n + 127) << 23);
+#endif
 }
 
 inline __attribute__((always_inline)) svec_t<float> phi_vec(svec_t<float> u) {
@@ -103,10 +111,11 @@ constexpr int64_t kAhead = 8;  // rows prefetched ahead
 template <typename T>
 int64_t state_size(int64_t E, int64_t M) { return E * padded<T>(M) + padded<T>(E); }
 
-template <typename S, typename T = compute_t<S>>
+template <typename S, int64_t D, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_forward_head(
-    Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<S> out, T* inv, int64_t L, int64_t E, int64_t M,
+    Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<S> out, T* inv, int64_t L, int64_t E_, int64_t M_,
     T eps, T* state, T* work, bool stream) {
+  const int64_t E = D ? D : E_, M = D ? D : M_;  // D: E = M known when compiled (see kHeadDim)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *z = state + E * Mp, *qf = work, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
     *o = v_row + kSteps * Mp;  // work: kSteps rows each of phi(q), phi(k), v, out
@@ -156,37 +165,54 @@ inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad
 //   reverse sweep   grad phi(k_j) = sum_{t>=j} phi(q_t) (v_j . gn_t + gd_t)       (state R^T, M x E, and r)
 //                   grad v_j      = sum_{t>=j} (phi(q_t) . phi(k_j)) gn_t         (state R, E x M)
 // and phi'(x) = min(phi(x), 1) turns the feature gradients into grad q, grad k.
-// Each sweep goes kRowBlock positions at a time, their v and gn computed into block rows of work
-// that stay in cache (rows of v and gn for the whole sequence, written once and read by both
-// sweeps, lived in L3 past a few hundred positions); phi(q), phi(k) and gd are computed by the
-// first sweep for the whole sequence and read back by the second (cheaper than the exps again).
+// Each sweep prepares its rows kRowBlock = kSteps positions at a time, just before the state pass
+// that uses them, so that their loads (and phi's exps) overlap the previous pass's multiply-adds
+// (blocks of 64 rows prepared apart from the passes measured 8-10% slower); phi(q), phi(k), gn
+// and gd are computed by the first sweep for the whole sequence and read back by the second
+// (cheaper than the exps again).
+// v (and out, for gd) are read in place where they are float rows (the sweeps read v's values one
+// at a time); bfloat16 ones are widened into block rows of work first.
 // The gradient rows are written with stream_row (non-temporal stores).
-constexpr int64_t kRowBlock = 64;  // a multiple of kSteps
+constexpr int64_t kRowBlock = kSteps;  // a multiple of kSteps
 
-template <typename S, typename T>
+template <typename S, int64_t D, typename T>
 struct BackwardRows {
   Rows<const S> q, k, v, out, g;
   const T* inv;
   int64_t L, E, M;
-  T *QF, *KF, *VF, *GN, *gd, *o;  // QF, KF (L, Ep); VF, GN (kRowBlock, Mp); gd (L); o (Mp) scratch
+  T *QF, *KF, *GN, *VF, *gd, *o;  // QF, KF, GN (L, Ep or Mp); VF (kRowBlock, Mp); gd (L); o (Mp) scratch
+  static constexpr bool kInPlace = std::is_same_v<S, T>;  // v's rows read where they are
 
-  // Rows t0 .. t0 + n - 1 of v and gn into rows 0 .. n - 1 of VF, GN; first (the forward sweep):
-  // also phi(q_t), phi(k_t) into rows t of QF, KF, and gd_t; else those are read back.
+  // v's row t (in place, or widened into row t - t0 of VF)
+  const T* v_row(int64_t t, int64_t t0) const {
+    if constexpr (kInPlace) return v[t];
+    else return VF + (t - t0) * padded<T>(D ? D : M);
+  }
+
+  // Rows t0 .. t0 + n - 1: v widened into VF (bfloat16); first (the forward sweep): also phi(q_t),
+  // phi(k_t), gn_t into rows t of QF, KF, GN, and gd_t; else those are read back.
   void prepare(int64_t t0, int64_t n, bool first) const {
-    const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+    const int64_t E = D ? D : this->E, M = D ? D : this->M, Ep = padded<T>(E), Mp = padded<T>(M);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = t0 + i;
       if (t + kAhead < L) {
-        v.prefetch(t + kAhead, M), g.prefetch(t + kAhead, M);
-        if (first) q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), out.prefetch(t + kAhead, M);
+        v.prefetch(t + kAhead, M);
+        if (first) q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), out.prefetch(t + kAhead, M),
+                   g.prefetch(t + kAhead, M);
       }
-      T* gn = GN + i * Mp;
-      convert_row(v[t], VF + i * Mp, M);
-      for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
-      for (int64_t m = M; m < Mp; ++m) gn[m] = T(0);
+      if constexpr (!kInPlace) convert_row(v[t], VF + i * Mp, M);
       if (first) {
+        T* gn = GN + t * Mp;
+        for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
+        for (int64_t m = M; m < Mp; ++m) gn[m] = T(0);
         phi_row(q[t], QF + t * Ep, E);
         phi_row(k[t], KF + t * Ep, E);
+        if constexpr (kInPlace) {
+          if (M == Mp) {  // out's row read in place
+            gd[t] = -dot(gn, out[t], Mp);
+            continue;
+          }
+        }
         convert_row(out[t], o, M);  // o zero-padded; a vector dot, not a scalar chain
         gd[t] = -dot(gn, o, Mp);
       }
@@ -194,19 +220,19 @@ struct BackwardRows {
   }
 };
 
-template <typename S, typename T = compute_t<S>>
+template <typename S, int64_t D, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_backward_head(
     Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<const S> out, const T* inv, Rows<const S> g,
-    Rows<S> gq, Rows<S> gk, Rows<S> gv, int64_t L, int64_t E, int64_t M, T* work) {
+    Rows<S> gq, Rows<S> gk, Rows<S> gv, int64_t L, int64_t E_, int64_t M_, T* work) {
+  const int64_t E = D ? D : E_, M = D ? D : M_;
   using V = svec_t<T>;
   constexpr int64_t B = kSweep<T>;
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *St = work, *Rt = St + M * Ep, *R = Rt + M * Ep, *z = R + E * Mp, *r = z + Ep, *acc = r + Ep,
     *o = acc + kSteps * Ep;  // acc: kSteps rows of Ep, o: kSteps rows of Mp
-  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *VF = KF + L * Ep, *GN = VF + kRowBlock * Mp,
-    *gd = GN + kRowBlock * Mp;
+  T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *GN = KF + L * Ep, *VF = GN + L * Mp, *gd = VF + kRowBlock * Mp;
   std::fill(work, QF, T(0));
-  const BackwardRows<S, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, VF, GN, gd, o};
+  const BackwardRows<S, D, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, GN, VF, gd, o};
   const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
   T *acc_s[kSteps], *o_s[kSteps];
   for (int s = 0; s < kSteps; ++s) acc_s[s] = acc + s * Ep, o_s[s] = o + s * Mp;
@@ -214,7 +240,8 @@ inline __attribute__((always_inline)) void attention_backward_head(
   auto gather = [&](int64_t b0, int64_t i0, int n, int dir) {
     for (int s = 0; s < n; ++s) {
       const int64_t i = i0 + dir * s;
-      qf_s[s] = QF + (b0 + i) * Ep, kf_s[s] = KF + (b0 + i) * Ep, gn_s[s] = GN + i * Mp, v_s[s] = VF + i * Mp;
+      qf_s[s] = QF + (b0 + i) * Ep, kf_s[s] = KF + (b0 + i) * Ep, gn_s[s] = GN + (b0 + i) * Mp;
+      v_s[s] = rows.v_row(b0 + i, b0);
     }
   };
   for (int64_t b0 = 0; b0 < L; b0 += kRowBlock) {
@@ -261,22 +288,30 @@ inline __attribute__((always_inline)) void attention_backward_head(
 template <typename T>
 int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forward: L = 0)
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
-  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + 2 * kRowBlock * Mp + L * (2 * Ep + 1);  // >= forward's
+  return 2 * M * Ep + E * Mp + (2 + 2 * kSteps) * Ep + 3 * kSteps * Mp + kRowBlock * Mp + L * (2 * Ep + Mp + 1);  // >= forward's
 }
 
-// Entry points per storage type (f32, f64, bf16), cloned as above.
+// Entry points per storage type (f32, f64, bf16), cloned as above. Each has a copy compiled for
+// E = M = kHeadDim, every preset's head size (d_model / n_heads), whose row loops have fixed counts.
+constexpr int64_t kHeadDim = 32;
 #define ATTENTION_ENTRY_POINTS(S, suffix)                                                                    \
   CP_MULTIVERSION void attention_forward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,        \
                                                   Rows<S> out, compute_t<S>* inv, int64_t L, int64_t E,     \
                                                   int64_t M, compute_t<S> eps, compute_t<S>* state,         \
                                                   compute_t<S>* work, bool stream) {                        \
-    attention_forward_head<S>(q, k, v, out, inv, L, E, M, eps, state, work, stream);                      \
+    if (E == kHeadDim && M == kHeadDim)                                                                     \
+      attention_forward_head<S, kHeadDim>(q, k, v, out, inv, L, E, M, eps, state, work, stream);            \
+    else                                                                                                    \
+      attention_forward_head<S, 0>(q, k, v, out, inv, L, E, M, eps, state, work, stream);                   \
   }                                                                                                         \
   CP_MULTIVERSION void attention_backward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,       \
                                                    Rows<const S> out, const compute_t<S>* inv,              \
                                                    Rows<const S> g, Rows<S> gq, Rows<S> gk, Rows<S> gv,     \
                                                    int64_t L, int64_t E, int64_t M, compute_t<S>* work) {   \
-    attention_backward_head<S>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                          \
+    if (E == kHeadDim && M == kHeadDim)                                                                     \
+      attention_backward_head<S, kHeadDim>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                \
+    else                                                                                                    \
+      attention_backward_head<S, 0>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                       \
   }
 ATTENTION_ENTRY_POINTS(float, f32)
 ATTENTION_ENTRY_POINTS(double, f64)

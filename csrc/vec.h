@@ -175,6 +175,12 @@ template <typename S, typename T>
 inline __attribute__((always_inline)) void stream_row(const T* __restrict__ src, S* __restrict__ dst, int64_t n) {
 #if defined(__SSE__)
   if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
+#if defined(__AVX512F__)
+    if (n % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {  // whole lines: one store each
+      for (int64_t i = 0; i < n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+      return;
+    }
+#endif
     if (n % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
       for (int64_t i = 0; i < n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
       return;

@@ -22,7 +22,7 @@ SHAPES = [  # N, H, L, E, M
     (2, 3, 17, 5, 7),      # odd length, E != M
     (1, 2, 65, 8, 3),      # one past the default chunk
     (2, 1, 130, 16, 33),   # M + 1 as in causal_linear_attention
-    (1, 2, 197, 4, 6),     # the fused backward's row blocks of 64, the last one partial
+    (1, 2, 197, 4, 6),     # the fused backward's groups of 4 steps, the last one partial
     (1, 1, 9, 128, 2),
     (1, 1, 11, 1, 128),
     (1, 2, 0, 4, 4),       # empty sequence
@@ -220,6 +220,38 @@ def test_impl_matches_reference_float64(op, impl, shape, request):
     q, k, v = make(*shape)
     got = out_and_grads(lambda *t: getattr(ops, op)(*t, impl=impl), q, k, v)
     assert_close_all(got, out_and_grads(reference, q, k, v), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("N, H, L", [(1, 1, 1), (1, 1, 5), (2, 3, 133), (3, 1, 64)])
+@pytest.mark.parametrize("layout", ["contiguous", "packed"])
+def test_fused_kernel_head_dim_32_matches_reference_float64(N, H, L, layout, cpu_kernel):
+    """E = M = 32 runs the kernel's copy compiled for that size (every preset's head): outputs and
+    gradients against the reference in float64, lengths not a multiple of the sweeps' steps or row
+    blocks, on separate tensors and on views of one projection (N, L, 3, H, E)."""
+    E = 32
+    if layout == "packed":
+        qkv = torch.randn(N, L, 3, H, E, dtype=torch.float64) * 2
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        assert q.stride(2) == 3 * H * E
+    else:
+        q, k, v = make_raw_qkv(N, H, L, E, E)
+    got = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), q, k, v)
+    assert_close_all(got, out_and_grads(linear_attention_reference, q, k, v), rtol=1e-9, atol=1e-10)
+
+
+def test_fused_kernel_gradients_are_laid_out_as_their_inputs(cpu_kernel):
+    """Contiguous q, k, v get contiguous gradients (written head by head), views of one projection
+    heads-last ones; both equal the reference's."""
+    separate = tuple(t.requires_grad_() for t in make_raw_qkv(2, 3, 40, 32, 32))
+    qkv = torch.randn(2, 40, 3, 3, 32, dtype=torch.float64, requires_grad=True)
+    for inputs in (separate, qkv.permute(2, 0, 3, 1, 4).unbind(0)):
+        g = torch.randn(inputs[2].shape, dtype=torch.float64)
+        got = torch.autograd.grad(ops.linear_attention(*inputs, impl="kernel"), inputs, g)
+        want = torch.autograd.grad(linear_attention_reference(*inputs), inputs, g)
+        for a, b, x in zip(got, want, inputs):
+            assert a.is_contiguous() == x.is_contiguous()
+            assert a.is_contiguous() or a.transpose(1, 2).is_contiguous()
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
 def test_fused_kernel_gradcheck(cpu_kernel):

@@ -131,11 +131,13 @@ inline __attribute__((always_inline)) void attention_forward_head(
       phi_row(q[t], qf + s * Ep, E);
       phi_row(k[t], kf + s * Ep, E);
       convert_row(v[t], v_row + s * Mp, M);
-      for (int64_t i = 0; i < Ep; i += kSweep<T>) sstore(z + i, sload(z + i) + sload(kf_s[s] + i));
-      inv[t] = T(1) / (dot(qf_s[s], z, Ep) + eps);
     }
     update_and_read(state, kf_s, v_s, qf_s, o_s, n, E, Mp);
+    // z after S: the state read front to back (S, then z, then the next pair's S), one stream that the
+    // CPU's prefetch follows; z first stalled each decoding step's pair on its own line (issue 46)
     for (int s = 0; s < n; ++s) {  // out's rows lie H rows apart: streamed (stream), not read in before the write
+      for (int64_t i = 0; i < Ep; i += kSweep<T>) sstore(z + i, sload(z + i) + sload(kf_s[s] + i));
+      inv[t0 + s] = T(1) / (dot(qf_s[s], z, Ep) + eps);
       for (int64_t m = 0; m < Mp; m += kSweep<T>) sstore(o_s[s] + m, sload(o_s[s] + m) * inv[t0 + s]);
       if (stream) stream_row(o_s[s], out[t0 + s], M);
       else convert_row(o_s[s], out[t0 + s], M);

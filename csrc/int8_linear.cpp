@@ -103,6 +103,17 @@ CP_VNNI void quantize_row_vnni(const float* x, uint8_t* xu, float* sx, int64_t K
   for (int64_t k = K; k < Kp; ++k) xu[k] = 128;
 }
 
+// acc + the 4-byte dot products of u (unsigned) and s (signed) per int32 lane: vpdpbusd through inline
+// asm, its value passed in and out (no address taken, so the sums stay in registers). GCC 12 compiles
+// _mm512_dpbusd_epi32 in int8_panel_vnni's loop with two register copies per vpdpbusd (each sum copied
+// out and back every group), which took half the vector unit's slots: 4 rows ran at 112 GMAC/s against
+// 206-230 through this (a standalone copy of the loop, 16-256 rows, AMD EPYC family 25 model 17, whose
+// vpdpbusd peak measured 232 GMAC/s; docs/notes/speed.md, issue 46's batches).
+CP_VNNI inline __attribute__((always_inline)) __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
+
 // One panel for NR rows: 4 zmm of int32 sums per row (64 columns), each group's 4 weight vectors
 // loaded once for all rows. One row keeps two sets of sums (even and odd groups), so that two
 // vpdpbusd chains per vector hide its latency.
@@ -132,7 +143,7 @@ CP_VNNI inline __attribute__((always_inline)) void int8_panel_vnni(const uint8_t
         int32_t x4;
         std::memcpy(&x4, xu + n * ldx + (g + s) * kI8Group, 4);
         const __m512i xv = _mm512_set1_epi32(x4);
-        for (int j = 0; j < 4; ++j) acc[s][n][j] = _mm512_dpbusd_epi32(acc[s][n][j], xv, wv[j]);
+        for (int j = 0; j < 4; ++j) acc[s][n][j] = dpbusd(acc[s][n][j], xv, wv[j]);
       }
     }
   for (; g < G; ++g) {  // one row, odd G: the last group
@@ -141,7 +152,7 @@ CP_VNNI inline __attribute__((always_inline)) void int8_panel_vnni(const uint8_t
       int32_t x4;
       std::memcpy(&x4, xu + n * ldx + g * kI8Group, 4);
       const __m512i xv = _mm512_set1_epi32(x4);
-      for (int j = 0; j < 4; ++j) acc[0][n][j] = _mm512_dpbusd_epi32(acc[0][n][j], xv, _mm512_loadu_si512(wg + 64 * j));
+      for (int j = 0; j < 4; ++j) acc[0][n][j] = dpbusd(acc[0][n][j], xv, _mm512_loadu_si512(wg + 64 * j));
     }
   }
   for (int j = 0; j < 4; ++j) {

@@ -216,7 +216,7 @@ def test_int8_kernel_is_its_reference(int8_kernel, d_in, d_out, rows, form):
     assert ((got - want).abs() <= 2.0 ** -22 * (want.abs() + b.abs())).all()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
 def test_int8_forms_sum_extreme_bytes_exactly(int8_kernel, rows):
     """Every form's int32 sums equal the exact integer product at the extremes of its bytes, where AVX2's
     vpmaddubsw would saturate its 16-bit pairs if fed the stored activations xu = xs + 128 (255 x 127 twice:

@@ -41,13 +41,13 @@ class Dense(nn.Module):
         """(weight, bias) for products in `dtype` at `batch` rows: detached copies converted once
         (decoding states carry them), the weight prepacked by `pack` where it can be; the
         parameters themselves when they already are of dtype and the weight is not packed.
-        dtype INT8: float32 weights (as cast(float32)) for a layer that `keeps_float32`; else where
+        dtype INT8: the parameters (float32, as the forward's addmm) for a layer that `keeps_float32`; else where
         `takes_kernel` (per_row: wherever the kernel builds), the C++ kernel's (Wq, extra)
         (`int8.step_form`, activations quantized per row), else
         (fbgemm's packed int8 weight and bias, None; one activation scale per call), see `int8.quantize`."""
         if dtype == INT8:
             if self.keeps_float32:
-                return self.cast(self.weight.dtype, batch)
+                return self.weight, self.bias
             if takes_kernel(always=per_row):
                 return step_form(self.weight.detach(), self.bias.detach())
             return quantize(self.weight.detach(), self.bias.detach()), None

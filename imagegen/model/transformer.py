@@ -54,7 +54,8 @@ class DecodingState:
     """What `PixelTransformer.step` carries: the next position t, a BlockState per block, the class
     vectors (N, D) added at every position (None: unconditional), and, when the whole step runs as
     one C++ call, the (DecodeLayer list, DecodeHead) that call reads (None otherwise); head: the
-    output projection's int8 weights for int8 products (None: the parameters')."""
+    output projection's weights for int8 products, `Dense.cast`'s (its parameters: it `keeps_float32`;
+    None: the parameters')."""
     t: int = 0
     layers: list = field(default_factory=list)
     class_vector: torch.Tensor = None

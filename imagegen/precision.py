@@ -4,11 +4,11 @@ evaluation), int8 for sampling and evaluation where asked.
 Training (train.bf16): matrix products run in bfloat16 (float32 accumulation); parameters,
 optimizer state, the linear attention's sums (`imagegen.ops.linear_attention`) and the loss stay
 float32. Sampling and evaluation (precision=float32|bfloat16|auto|int8): see `resolve_precision`.
-int8 (sampling and evaluation on the CPU): the Dense products with 8-bit weights, see
-`imagegen.ops.int8`. Sampling's `auto` takes int8 only for a model whose int8 cost in bits/dim was
-recorded (`int8_cost`: imagegen-convert scores its check images both ways) and is at most
-INT8_MAX_COST, and only where its decoding products measure faster than float32's (`auto_int8`);
-evaluation's `auto` never takes it (its figure should be the model's own).
+int8 (sampling and evaluation on the CPU): the Dense products with 8-bit weights (but those the model
+keeps float32, `ops.dense.int8_keeps_float32`), see `imagegen.ops.int8`. Sampling's `auto` takes int8
+only for a model whose int8 cost in bits/dim was recorded (`int8_cost`: imagegen-convert scores its check
+images both ways) and is at most INT8_MAX_COST, and only where its decoding products measure faster than
+float32's (`auto_int8`); evaluation's `auto` never takes it (its figure should be the model's own).
 
 A flag does not say how fast a product runs (an AVX512-BF16 Xeon multiplies bfloat16 slower than
 float32; without AVX512-BF16 or AMX bfloat16 products are emulated, many times slower). So on the

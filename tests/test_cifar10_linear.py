@@ -29,6 +29,14 @@ def test_it_loads_by_name_with_its_context():
     assert ck["record"]["guidance"] == imagegen.load(NAME).guidance
 
 
+def test_its_recorded_int8_cost_is_within_a_hundredth():
+    """The int8 cost its record holds (int8_check, imagegen-convert's; the head and the first block's feed-forward
+    input float32) is within precision.INT8_MAX_COST, so sampling's precision=auto may take int8 for it."""
+    from imagegen.precision import INT8_MAX_COST, int8_cost
+    record = json.loads((shipped.SHIPPED / f"{NAME}.json").read_text())["record"]
+    assert record["int8_check"]["images"] == 500 and 0 <= int8_cost(record) <= INT8_MAX_COST
+
+
 @pytest.mark.slow
 def test_its_bits_per_dim_on_500_test_images_match_its_record_and_card():
     from imagegen.ops.dense import int8_weights

@@ -387,3 +387,33 @@ def test_int8_form_variable_forces_a_form_or_says_what_runs(int8_kernel):
     bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "IMAGEGEN_INT8_FORM": "sse9"})
     one_line_error(bad, "IMAGEGEN_INT8_FORM='sse9' is not a form of the int8 product this CPU runs; set it to one of")
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["one-call-step", "module-loop"])
+def test_int8_steps_compute_the_int8_forward(int8_kernel, one_call):
+    """One rule for the products int8 keeps float32 (`Dense.keeps_float32`: the head and the first block's
+    feed-forward input), read by decoding and by `int8_weights`' forward: in int8, stepping through a
+    sequence (the one-call C++ step, or the module loop with the kernel's per-row products) gives the
+    forward's outputs to float tolerance, so evaluation's precision=int8 scores what the sampler computes;
+    and the bits/dim of those steps is the forward's."""
+    from imagegen.bits_per_dim import bits_per_dim
+    from imagegen.ops.int8 import forced_product
+    model = scaled_model("linear", length=60)
+    kept = [name for name, m in model.named_modules() if isinstance(m, Dense) and m.keeps_float32]
+    assert kept == ["blocks.0.ff.0", "proj"]
+    x = torch.randint(0, 256, (5, model.length), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
+    with forced_product("kernel"):
+        steps, state = decode_params(model, x.long(), INT8, whole_model_kernel=one_call)
+    assert (state.kernel is not None) == one_call
+    assert state.layers[0].ff[0][0].dtype == torch.float32 and state.layers[1].ff[0][0].dtype == torch.int8
+    steps = steps.transpose(0, 1)                                               # (N, L, P)
+    with torch.no_grad():
+        want32 = model(x)
+        with int8_weights(model):
+            forward = model(x)
+            assert int8_product(model) == "per row"
+            bpd = bits_per_dim(model, x, 2, CPU)
+    assert (forward - want32).abs().max() > 1e-3                                 # int8 is not float32 here
+    assert torch.allclose(steps, forward, rtol=1e-4, atol=1e-4 * forward.abs().max().item())
+    stepped = -model.head.log_prob(steps, x).double().sum().item() / (x.numel() * np.log(2))
+    assert stepped == pytest.approx(bpd, rel=1e-5)

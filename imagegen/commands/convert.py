@@ -4,7 +4,8 @@ every load checks). The result loads wherever a checkpoint is taken
 (checkpoint=OUT.safetensors), and by name once it lies in the package's checkpoints/ folder.
 precision=int8 stores each Dense layer's weight in 8 bits with a float32 scale per output column (about a
 quarter of the size); it loads as float32 (q * scale), and the check scores those weights. On the CPU the
-check scores the same images with int8 products too (int8_check: what sampling's precision=auto weighs).
+check scores the same images with int8 products too, as sampling runs them (`ops.dense.int8_weights`: the
+products the model `keeps_float32` stay float32), which is int8_check: what sampling's precision=auto weighs.
 
 Nothing is written until everything that can fail has run (the check scores the bytes the
 .safetensors file will hold): a failed or interrupted convert leaves no OUT files behind."""

@@ -41,6 +41,7 @@ MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 MAX_JSON_BYTES = 1 << 16
 SCALE = 1 / 8           # the logits' fixed scale (as airbench's 1/9): a max-pooled head starts out too sure
+WRITE_FIX = "free space or choose another --out"
 FIX = "train it again with python -m imagegen.benchmarks.judge, or reinstall imagegen for the shipped judge"
 
 
@@ -153,11 +154,11 @@ def save(stem, net, record):
 
     path = Path(stem).with_suffix(".safetensors")
     state = {k: v.detach().contiguous().cpu() for k, v in net.state_dict().items()}
-    write_bytes(path, st_save(state), "judge weights", "free space or choose another --out")
+    write_bytes(path, st_save(state), "judge weights", WRITE_FIX)
     meta = {"format": FORMAT, "weights_sha256": sha256(path),
             "architecture": {"name": "judge", "widths": net.widths, "classes": net.classes}, "record": record}
     config = path.with_suffix(".json")
-    write_bytes(config, (json.dumps(meta, indent=1) + "\n").encode(), "judge config", "free space or choose another --out")
+    write_bytes(config, (json.dumps(meta, indent=1) + "\n").encode(), "judge config", WRITE_FIX)
     return path, config
 
 
@@ -300,7 +301,7 @@ def main(argv=None):
     record["command"] = command
     path, _ = save(args.out, net, record)
     from ..files import write_bytes
-    write_bytes(path.with_suffix(".md"), card(args, record, command).encode(), "judge card", "choose another --out")
+    write_bytes(path.with_suffix(".md"), card(args, record, command).encode(), "judge card", WRITE_FIX)
     print(f"wrote {path} and its .json, .md")
 
 

@@ -250,10 +250,11 @@ def card(args, record, command):
             f"(each read as the mean of it and its mirror image; without the mirror {r['test_accuracy_no_tta']:.4f})\n"
             f"- trained on {r['train_images']:,} training images ({args.data_root}), {r['epochs']} epochs, "
             f"batch {r['batch_size']}, peak lr {r['lr']}, seed {r['seed']}, {r['threads']} thread(s), "
-            f"{r['minutes']:.1f} minutes on a CPU ({r['cpu']}; no GPU), torch {r['torch']}\n"
-            f"- data: the shared CIFAR-10 decoded from a JPEG re-encoding (see /work/shared/data/README); "
-            f"its accuracy on the original PNG pixels may differ slightly\n\n"
-            f"Reproduce (same numbers on one thread, same torch and CPU kind):\n\n    {command}\n\n"
+            f"{r['minutes']:.1f} minutes of wall time on a CPU ({r['cpu']}; no GPU), torch {r['torch']}\n"
+            f"- data: the shared CIFAR-10 decoded from a JPEG re-encoding (../shared/data/README.md on these "
+            f"machines); its accuracy on the original PNG pixels may differ slightly\n\n"
+            f"Reproduce from the repository root (the same weights are expected on one thread with the same torch "
+            f"and CPU kind):\n\n    {command}\n\n"
             f"Per epoch:\n\n" + "\n".join(f"    {line}" for line in r["log"]) + "\n")
 
 

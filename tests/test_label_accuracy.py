@@ -27,6 +27,11 @@ def test_judge_reads_a_colour_model_and_reuses_its_classifier(cifar_root, tmp_pa
         assert 0 < row["samples_bpd"] < 16
     assert "airplane" in (tmp_path / "a" / "label_accuracy.md").read_text()    # the classes by name
     assert [row["precision"] for row in a["rows"] + b["rows"]] == ["float32"] * 2 + ["int8"] * 2
+    assert "small CNN" in a["judge"] and "small CNN" in b["judge"]
+    main([*args[:-2], "--guidance", "1", "--out-dir", str(tmp_path / "c")])   # no --judge: the shipped colour judge
+    c = json.loads((tmp_path / "c" / "label_accuracy.json").read_text())
+    assert c["judge"].startswith("cifar10.safetensors") and "cifar10.safetensors" in (
+        tmp_path / "c" / "label_accuracy.md").read_text()
 
 
 def test_benchmark_scripts_end_a_user_error_with_one_line(tmp_path):

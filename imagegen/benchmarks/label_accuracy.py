@@ -1,18 +1,23 @@
-"""Do a class-conditional model's samples show the class asked for? A small CNN digit classifier is
-trained on the model's own training files, its accuracy measured on the test set, then it labels
-`--per-class` samples of every class at each guidance; the table gives the share recognised as the
-class asked for, per class and overall, and two measures that see guidance overshoot, which the share
-alone rewards: the judge's mean confidence in the class asked for, and the model's own bits/dim of
-its samples given their labels (near its test bits/dim at guidance 1; streaks and speckles raise it).
+"""Do a class-conditional model's samples show the class asked for? A judge (a classifier) labels
+`--per-class` samples of every class at each guidance, its accuracy measured on the test set first;
+the table gives the share recognised as the class asked for, per class and overall, and two measures
+that see guidance overshoot, which the share alone rewards: the judge's mean confidence in the class
+asked for, and the model's own bits/dim of its samples given their labels (near its test bits/dim at
+guidance 1; streaks and speckles raise it).
 
     python -m imagegen.benchmarks.label_accuracy [--checkpoint mnist-linear] [--data-root DIR]
-        [--guidance 1 2 3] [--per-class 100] [--epochs 4] [--threads N] [--judge FILE] [--out-dir bench]
+        [--guidance 1 2 3] [--per-class 100] [--epochs 4] [--threads N] [--judge FILE|small] [--out-dir bench]
         [--precision float32|int8|auto]
 
-Writes bench/label_accuracy.{json,md}. The classifier is a judge, not part of imagegen: two 3x3
-convolutions with max-pooling and a linear layer (the classic small MNIST CNN, colour input for
-CIFAR-10), Adam, seeded. --precision: the sampler's products (int8: 8-bit weights; the samples' own
-bits/dim are always scored in float32, by the model as trained).
+Writes bench/label_accuracy.{json,md}, both naming the judge and its test accuracy. The judge is not
+part of imagegen. For CIFAR-10 models it is by default the shipped colour judge
+(checkpoints/judges/cifar10, imagegen.benchmarks.judge: an airbench-style CNN, each image read with
+its mirror image). Otherwise, or with `--judge small`, it is a small CNN trained here on the model's
+own training files: two 3x3 convolutions with max-pooling and a linear layer (the classic small MNIST
+CNN, colour input for CIFAR-10), Adam, seeded, `--epochs`. `--judge FILE`: a judge written by
+imagegen.benchmarks.judge (FILE.safetensors with its .json), or the small CNN's weights: read when
+FILE exists, else trained and written there. --precision: the sampler's products (int8: 8-bit
+weights; the samples' own bits/dim are always scored in float32, by the model as trained).
 """
 import argparse
 import time
@@ -29,7 +34,8 @@ from ..model.transformer import model_dims
 from ..precision import resolve_precision
 from ..sampling.decode import generate
 from .report import machine, markdown_table, write_outputs
-from ..errors import one_line
+from ..errors import UserError, one_line
+from . import judge as judges
 
 
 def classifier(channels, classes, height, width):
@@ -63,10 +69,6 @@ def class_probs(net, x, info):
     return torch.cat([torch.softmax(net(as_input(part, info)), -1) for part in x.split(500)])
 
 
-def predict(net, x, info):
-    return class_probs(net, x, info).argmax(-1)
-
-
 def load_judge(path, info):
     """The classifier whose weights `--judge` wrote to path (tensors only), in evaluation mode."""
     net = classifier(info.channels, info.num_classes, info.height, info.width)
@@ -74,15 +76,46 @@ def load_judge(path, info):
     return net.eval()
 
 
-def judge(args, train, info):
-    """The classifier: read from --judge when that file exists, else trained (and saved there when
-    --judge names a file)."""
-    if args.judge and Path(args.judge).is_file():
-        return load_judge(args.judge, info)
+SMALL = "small"      # --judge small: train the small CNN even where a shipped judge exists
+
+
+def small_judge(args, train, info):
+    """The small CNN: read from --judge when that file exists, else trained (and saved there when --judge
+    names a file)."""
+    path = None if args.judge in (None, SMALL) else args.judge
+    if path and Path(path).is_file():
+        return load_judge(path, info), f"the small CNN read from {path}"
     net = train_classifier(*train, info, args.epochs, args.seed)
-    if args.judge:
-        torch.save(net.state_dict(), args.judge)
-    return net
+    if path:
+        torch.save(net.state_dict(), path)
+    return net, f"a small CNN trained on the {len(train[0])} training images, {args.epochs} epochs"
+
+
+def pick_judge(judge_arg, data_name):
+    """The judge file (imagegen.benchmarks.judge's .safetensors) label_accuracy reads for --judge judge_arg
+    on a model of data set data_name, or None for the small CNN: a .safetensors named, else the shipped
+    judge of the data set when --judge is not given and one ships."""
+    if judge_arg == SMALL:
+        return None
+    if judge_arg is not None:
+        return Path(judge_arg) if Path(judge_arg).suffix == ".safetensors" else None
+    shipped_judge = judges.SHIPPED.get(data_name)
+    return shipped_judge if shipped_judge is not None and shipped_judge.is_file() else None
+
+
+def judge(args, train, info, data_name):
+    """(probs, description): probs(seqs (N, D) uint8) -> the judge's class probabilities (N, classes)."""
+    path = pick_judge(args.judge, data_name)
+    if path is None:
+        net, description = small_judge(args, train, info)
+        return (lambda seqs: class_probs(net, seqs, info)), description
+    net, meta = judges.load(path)
+    if (info.channels, info.height, info.width, info.num_classes) != (3, 32, 32, net.classes):
+        raise UserError(f"the judge {path} reads 32x32 colour images of {net.classes} classes, not this model's "
+                        f"{info.height}x{info.width}x{info.channels} of {info.num_classes}; pass --judge small.")
+    return (lambda seqs: judges.class_probs(net, seqs)), (
+        f"{path.name} (imagegen.benchmarks.judge, widths {net.widths}, each image read with its mirror; "
+        f"{meta['record'].get('test_accuracy', float('nan')):.4f} when trained)")
 
 
 def main(argv=None):
@@ -97,8 +130,11 @@ def main(argv=None):
     p.add_argument("--out-dir", default="bench")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--precision", default="float32", help="the sampler's products: float32, int8, bfloat16 or auto")
-    p.add_argument("--judge", default=None, help="file of the classifier's weights: read when it exists (its test "
-                                                 "accuracy is measured again), else written after training")
+    p.add_argument("--judge", default=None,
+                   help="the judge (its test accuracy is always measured again): a .safetensors that "
+                        "imagegen.benchmarks.judge wrote; 'small' to train the small CNN; another FILE: the small "
+                        "CNN's weights, read when it exists, else written after training (default: the shipped "
+                        "judge for CIFAR-10 models, else the small CNN trained anew)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -113,10 +149,10 @@ def main(argv=None):
     train, test = load_from_config({**ck["config"]["data"], "val_fraction": 0.0}, ("train", "test"), overrides,
                                    labels=True)
     start = time.perf_counter()
-    net = judge(args, train, info)
-    accuracy = (predict(net, test[0], info) == test[1]).float().mean().item()
-    print(f"classifier: {len(train[0])} training images, {args.epochs} epochs, {time.perf_counter() - start:.0f} s; "
-          f"test accuracy {accuracy:.4f} on {len(test[0])} images")
+    probs_of, description = judge(args, train, info, ck["config"]["data"].get("name"))
+    accuracy = (probs_of(test[0]).argmax(-1) == test[1]).float().mean().item()
+    print(f"judge: {description}, {time.perf_counter() - start:.0f} s; test accuracy {accuracy:.4f} on "
+          f"{len(test[0])} images")
     asked = torch.arange(model.num_classes).repeat_interleave(args.per_class)
     dtype = resolve_precision(args.precision, torch.device("cpu"), dims=model_dims(model), batch=args.batch_size,
                               record=ck.get("record"))
@@ -126,7 +162,7 @@ def main(argv=None):
         seqs = generate(model, len(asked), labels=asked, guidance=guidance, seed=args.seed,
                         batch_size=args.batch_size, progress=True, desc=f"guidance {guidance:g}", dtype=dtype)
         seconds = time.perf_counter() - start
-        probs = class_probs(net, seqs, info)
+        probs = probs_of(seqs)
         hit = probs.argmax(-1) == asked
         own_bpd = bits_per_dim(model, seqs, args.batch_size, torch.device("cpu"), labels=asked)
         row = {"guidance": guidance, "precision": dtype_name(dtype), "samples": len(asked),
@@ -141,9 +177,10 @@ def main(argv=None):
                ("confidence", "confidence", "{:.3f}"), ("samples_bpd", "samples' bits/dim", "{:.4f}")] + [
         (f"class_{c}", info.class_names[c], "{:.2f}") for c in range(model.num_classes)]
     md = (f"Share of samples recognised as the class asked for ({args.per_class} per class; checkpoint {path}; "
-          f"judge: a small CNN trained on the {len(train[0])} training images, test accuracy {accuracy:.4f}; "
+          f"judge: {description}, test accuracy {accuracy:.4f} on {len(test[0])} test images; "
           f"{machine()})\n\n" + markdown_table(rows, columns))
-    write_outputs(args.out_dir, "label_accuracy", {"checkpoint": str(path), "classifier_test_accuracy": accuracy,
+    write_outputs(args.out_dir, "label_accuracy", {"checkpoint": str(path), "judge": description,
+                                                   "classifier_test_accuracy": accuracy,
                                                    "machine": machine(), "rows": rows}, md)
 
 

@@ -23,8 +23,7 @@ image's class probabilities (recorded as "tta": "hflip").
 """
 import argparse
 import json
-import platform
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from torch import nn
 
 from ..errors import UserError, one_line
 from ..paths import data_dir
+from ..tuning.machine import cpu_name
 
 FORMAT = "imagegen-judge/1"
 SHIPPED = {"cifar10": data_dir("checkpoints") / "judges" / "cifar10.safetensors"}
@@ -208,18 +208,6 @@ def load(path):
     return net.eval(), meta
 
 
-def cpu_name():
-    """The CPU's model name as lscpu gives it (platform.processor() when lscpu is missing)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-        info = {k.strip(): v.strip() for k, v in info.items()}
-        return (f"{info.get('Model name', '?')}, family {info.get('CPU family', '?')} model {info.get('Model', '?')}, "
-                f"{info.get('CPU(s)', '?')} CPUs")
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return platform.processor() or "unknown CPU"
-
-
 def macs(widths, size=32):
     """Multiply-adds of one forward pass at size x size."""
     w0, w1, w2 = widths
@@ -297,7 +285,7 @@ def main(argv=None):
               "train_images": len(x), "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
               "seed": args.seed, "threads": args.threads, "widths": args.widths, "macs": macs(args.widths),
               "params": sum(t.numel() for t in net.parameters()), "minutes": round(minutes, 2),
-              "cpu": cpu_name(), "torch": torch.__version__, "log": lines}
+              "cpu": f"{cpu_name()}, {os.cpu_count()} CPUs", "torch": torch.__version__, "log": lines}
     command = "python -m imagegen.benchmarks.judge " + " ".join(sys.argv[1:] if argv is None else argv)
     record["command"] = command
     path, _ = save(args.out, net, record)

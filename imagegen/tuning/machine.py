@@ -30,11 +30,18 @@ def cpu_identity():
 
 
 def cpu_name():
-    """The CPU's model name ('Intel(R) Xeon(R) Processor'), else what platform says."""
+    """The CPU's model name with its family and model numbers where /proc/cpuinfo gives them ('AMD EPYC,
+    family 25 model 17': a virtual machine's name alone does not tell a Zen 4 from a Zen 5), else what
+    platform says."""
+    fields = {}
     for line in cpuinfo().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown CPU"
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" not in fields:
+        return platform.processor() or platform.machine() or "unknown CPU"
+    numbers = (f", family {fields['cpu family']} model {fields['model']}"
+               if fields.get("cpu family", "").isdigit() and fields.get("model", "").isdigit() else "")
+    return fields["model name"] + numbers
 
 
 def cpu_flags():

@@ -71,3 +71,13 @@ def test_a_colour_judge_on_grey_digits_is_refused(judge_file, mnist_root):
     with pytest.raises(UserError) as e:
         label_accuracy.judge(args, None, dataset_info("mnist"), "mnist")
     assert "--judge small" in one_sentence(e)
+
+
+def test_the_same_command_trains_the_same_weights(cifar_root, judge_file, tmp_path):
+    """What the card's "same weights expected" rests on: the seed fixes the weights on one thread."""
+    judge.main(["--data-root", str(cifar_root), "--out", str(tmp_path / "again"), "--epochs", "1", "--batch-size",
+                "4", "--widths", *WIDTHS])
+    assert (tmp_path / "again.safetensors").read_bytes() == judge_file.read_bytes()
+    judge.main(["--data-root", str(cifar_root), "--out", str(tmp_path / "seed1"), "--epochs", "1", "--batch-size",
+                "4", "--widths", *WIDTHS, "--seed", "1"])
+    assert (tmp_path / "seed1.safetensors").read_bytes() != judge_file.read_bytes()

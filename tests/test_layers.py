@@ -14,8 +14,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "imagegen"
 # lower layers only; units of one layer do not import each other (the package face, "", is the top).
 LAYERS = [
     ["errors", "paths", "say"],
-    ["lock", "files", "dtypes", "config", "plots"],
-    ["tuning"],                 # machine facts and choosing by measurement
+    ["lock", "files", "dtypes", "config"],
+    ["tuning", "plots"],        # machine facts and choosing by measurement; figures (written through files)
     ["memory", "world"],
     ["ops"],
     ["attention"],

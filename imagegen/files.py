@@ -140,6 +140,19 @@ OUTPUTS = ".imagegen-outputs.json"    # beside the files written by write_owned:
 SAVE_OPTIONS = {"JPEG": {"quality": 95}, "WEBP": {"lossless": True}}
 
 
+def read_json(path, limit, what, fix):
+    """The JSON value in the file at `path`, read only when it holds at most `limit` bytes; one UserError
+    sentence naming the file otherwise (missing, too large, not JSON): "PATH is not a readable WHAT
+    (why); FIX"."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > limit:
+            raise ValueError(f"larger than {limit} bytes")
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not a readable {what} ({e}); {fix}") from None
+
+
 def sha256(path):
     """The sha256 of a file's bytes, as hex."""
     h = hashlib.sha256()

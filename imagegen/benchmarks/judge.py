@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError, one_line
+from ..files import read_json
 from ..paths import data_dir
 from ..tuning.machine import cpu_name
 
@@ -165,12 +166,7 @@ def save(stem, net, record):
 def read_meta(path):
     """The .json beside the judge weights `path`, checked: a dict of FORMAT with widths and classes."""
     config = Path(path).with_suffix(".json")
-    try:
-        if config.stat().st_size > MAX_JSON_BYTES:
-            raise ValueError(f"larger than {MAX_JSON_BYTES} bytes")
-        meta = json.loads(config.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{config} is not a readable judge config ({e}); {FIX}.") from None
+    meta = read_json(config, MAX_JSON_BYTES, "judge config", f"{FIX}.")
     arch = meta.get("architecture") if isinstance(meta, dict) else None
     ok = (isinstance(arch, dict) and meta.get("format") == FORMAT and isinstance(arch.get("widths"), list)
           and len(arch["widths"]) == 3 and all(isinstance(w, int) and 0 < w <= 1024 for w in arch["widths"])

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserError
+from ..files import read_json
 from ..paths import data_dir
 from .format import FORMAT, MAX_WEIGHT, damaged
 
@@ -62,12 +63,7 @@ def read(path):
     fix = f"{READ_FIX}."
     if not config_path.is_file():
         raise UserError(f"{path} has no config beside it ({config_path.name} is missing); {fix}")
-    try:
-        if config_path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
-        meta = json.loads(config_path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{config_path} is not a readable config ({e}); {fix}") from None
+    meta = read_json(config_path, MAX_CONFIG_BYTES, "config", fix)
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
         raise UserError(f"{config_path} holds no config section; {fix}")
     try:

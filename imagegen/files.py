@@ -23,6 +23,7 @@ Writers never replace what they did not write: write_owned and write_folder reco
 record says that imagegen wrote it there and it has not changed since (or holds the bytes about to be
 written); anything else needs overwrite=True.
 """
+import contextlib
 import hashlib
 import io
 import json
@@ -33,6 +34,11 @@ import uuid
 from pathlib import Path
 
 from .errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # Windows: record updates are not serialised
+    fcntl = None
 
 TMP_GLOB = ".*.tmp"
 FIX = "free space or fix the folder's permissions, then run the same command again"
@@ -213,17 +219,36 @@ def write_owned(path, data, what="file", overwrite=False, fix=FIX):
     replaces it without asking. Returns path."""
     path = Path(path)
     check_target(path, what)
-    check_replaceable(path.parent, {path.name: data}, what, overwrite, OUTPUTS)
-    write_bytes(path, data, what, fix)
-    owned = written_before(path.parent, OUTPUTS)
-    owned = {name: digest for name, digest in owned.items() if (path.parent / name).is_file()}
-    owned[path.name] = hashlib.sha256(data).hexdigest()
-    try:
-        write_bytes(path.parent / OUTPUTS, (json.dumps({"files": owned}, indent=1) + "\n").encode(), "record")
-    except UserError as e:
-        raise UserError(f"wrote {path}, but could not record it in {path.parent / OUTPUTS} ({e}); the same command "
-                        f"again will need overwrite=true to replace it.") from None
+    with folder_turn(path.parent):
+        check_replaceable(path.parent, {path.name: data}, what, overwrite, OUTPUTS)
+        write_bytes(path, data, what, fix)
+        owned = written_before(path.parent, OUTPUTS)
+        owned = {name: digest for name, digest in owned.items() if (path.parent / name).is_file()}
+        owned[path.name] = hashlib.sha256(data).hexdigest()
+        try:
+            write_bytes(path.parent / OUTPUTS, (json.dumps({"files": owned}, indent=1) + "\n").encode(), "record")
+        except UserError as e:
+            raise UserError(f"wrote {path}, but could not record it in {path.parent / OUTPUTS} ({e}); the same "
+                            f"command again will need overwrite=true to replace it.") from None
     return path
+
+
+@contextlib.contextmanager
+def folder_turn(folder):
+    """Writers into one folder take turns: an flock on the folder itself (no file added to it), held while
+    write_owned reads and rewrites the folder's record, so that two samplers writing there at once both
+    stay recorded. A folder that does not exist yet (write_bytes creates it) or cannot be opened: no turn."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None and fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def image_format(path, mode="RGB"):

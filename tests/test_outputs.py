@@ -93,3 +93,30 @@ def test_a_fresh_run_in_the_run_dir_leaves_the_samplers_record_beside_its_images
     tiny_checkpoint(tmp_path / "best.pt")                                      # the new run's
     assert call("imagegen-sample", f"checkpoint={tmp_path / 'best.pt'}", "num_images=2", "progress=false",
                 "threads=1").returncode == 0
+
+
+def test_two_writers_into_one_folder_both_stay_recorded(tmp_path, monkeypatch):
+    """Two samplers writing into one folder at once: each reads the record, then rewrites it. Without taking
+    turns the slower one's rewrite dropped the other's entry (its next run then asked for overwrite=true);
+    the read is slowed here so that the two would overlap every time."""
+    import threading
+    import time
+
+    from imagegen import files
+
+    real = files.written_before
+
+    def slow(*args):
+        kept = real(*args)
+        time.sleep(0.3)
+        return kept
+
+    monkeypatch.setattr(files, "written_before", slow)
+    (tmp_path / "seed.txt").write_text("")                    # the folder exists, as a sampler's out folder does
+    writers = [threading.Thread(target=files.write_owned, args=(tmp_path / f"{n}.png", n.encode(), "grid"))
+               for n in ("a", "b")]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    assert sorted(files.written_before(tmp_path, files.OUTPUTS)) == ["a.png", "b.png"]

@@ -237,14 +237,17 @@ def write_owned(path, data, what="file", overwrite=False, fix=FIX):
 def folder_turn(folder):
     """Writers into one folder take turns: an flock on the folder itself (no file added to it), held while
     write_owned reads and rewrites the folder's record, so that two samplers writing there at once both
-    stay recorded. A folder that does not exist yet (write_bytes creates it) or cannot be opened: no turn."""
+    stay recorded. A folder that does not exist yet (write_bytes creates it), cannot be opened or locked: no turn."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
         fd = None
     try:
         if fd is not None and fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:                     # a file system without flock: no turn, as before
+                pass
         yield
     finally:
         if fd is not None:

@@ -45,8 +45,8 @@ def classifier(channels, classes, height, width):
 
 
 def as_input(seqs, info):
-    """(N, D) uint8 sequences -> (N, C, H, W) float in [0, 1]."""
-    return seqs.reshape(-1, info.height, info.width, info.channels).permute(0, 3, 1, 2).float() / 255
+    """(N, D) uint8 sequences -> (N, C, H, W) float in [0, 1] (the judge module's reading, at info's shape)."""
+    return judges.as_images(seqs, info.height, info.width, info.channels)
 
 
 def train_classifier(x, y, info, epochs, seed=0, batch=64):

@@ -275,15 +275,17 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
   // with float32 biases (and scales), which take and return float32
   const auto weights = layers.front()[Layer::qkv_weight].scalar_type();
   const auto dtype = weights == at::kChar ? at::kFloat : weights;
-  // (int8 products may keep some float32: Dense.keeps_float32; any weight may then be float32 or int8)
+  // (int8 products may keep some float32 or bfloat16: Dense.int8_keeps; a weight may then be int8, float32 or
+  // bfloat16, its bias float32 or bfloat16; a bfloat16 product's output runs the GELU in bfloat16, as the forward)
+  const bool int8 = weights == at::kChar;
   for (const auto& w : layers)
     for (const auto j : Layer::products) {
       const bool bias = j == Layer::qkv_bias || j == Layer::out_bias || j == Layer::ff1_bias || j == Layer::ff2_bias;
       const auto got = w[j].scalar_type();
-      const bool mixed = !bias && dtype == at::kFloat && (got == at::kChar || got == at::kFloat);
-      TORCH_CHECK(got == (bias ? dtype : weights) || mixed,
-                  "decode_step: every block's Dense weights must share one dtype (float32 and int8 may mix), "
-                  "and their biases too");
+      const bool kept = int8 && (got == at::kFloat || got == at::kBFloat16 || (!bias && got == at::kChar));
+      TORCH_CHECK(got == (bias ? dtype : weights) || kept,
+                  "decode_step: every block's Dense weights must share one dtype (int8 may mix with float32 and "
+                  "bfloat16), and their biases too");
     }
   auto attention = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {  // LayerNorm'd x -> (N, D)
     auto qkv = decode_linear(x, w[Layer::qkv_weight], w[Layer::qkv_bias]).view({N, 3, n_heads, 1, E});

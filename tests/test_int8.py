@@ -321,6 +321,27 @@ def test_dense_runs_the_kernels_step_form_as_its_reference(int8_kernel, rows):
     assert torch.allclose(got, want, rtol=2 ** -22, atol=2 ** -22 * (want.abs().max() + b.abs().max()).item())
 
 
+def test_int8_weights_are_quantized_again_after_every_change(int8_kernel):
+    """Dense.cast(INT8) quantizes the parameters once and reuses that while they stay as they are; any in-place
+    change (an optimizer's step, load_state_dict) or new parameters give the new weights' quantization."""
+    from imagegen.ops.int8 import step_form
+    layer = Dense(64, 128, std=1.0)
+
+    def matches(got):
+        want = step_form(layer.weight.detach(), layer.bias.detach())
+        return all(torch.equal(a.flatten().view(torch.uint8), b.flatten().view(torch.uint8))   # bit for bit
+                   for a, b in zip(got, want))
+    first = layer.cast(INT8, per_row=True)
+    assert layer.cast(INT8, per_row=True)[0] is first[0] and matches(first)
+    layer.weight.grad, layer.bias.grad = torch.ones_like(layer.weight), torch.ones_like(layer.bias)
+    torch.optim.SGD(layer.parameters(), lr=0.5).step()
+    assert matches(layer.cast(INT8, per_row=True)) and not matches(first)
+    layer.load_state_dict({"weight": torch.randn(64, 128), "bias": torch.randn(128)})
+    assert matches(layer.cast(INT8, per_row=True))
+    layer.weight = torch.nn.Parameter(torch.randn(64, 128))
+    assert matches(layer.cast(INT8, per_row=True))
+
+
 def test_int8_forward_quantizes_each_row_whatever_a_probe_picked(int8_kernel, monkeypatch):
     """int8_weights' forward (evaluation's precision=int8, the conversion's int8 check) takes the kernel's
     per-row product even where a probe picks fbgemm's for speed (its one activation scale per call would make
@@ -395,10 +416,10 @@ def test_int8_form_variable_forces_a_form_or_says_what_runs(int8_kernel):
 @pytest.mark.parametrize("one_call", [True, False], ids=["one-call-step", "module-loop"])
 def test_int8_steps_compute_the_int8_forward(int8_kernel, one_call, bf16, monkeypatch):
     """One rule for the products int8 keeps (`Dense.int8_keeps`: the head in float32, the first block's
-    feed-forward input in bfloat16 where that is faster here), read by decoding and by `int8_weights`' forward: in int8, stepping through a
-    sequence (the one-call C++ step, or the module loop with the kernel's per-row products) gives the
-    forward's outputs to float tolerance, so evaluation's precision=int8 scores what the sampler computes;
-    and the bits/dim of those steps is the forward's."""
+    feed-forward input in bfloat16 where that is faster here), read by decoding and by `int8_weights`' forward:
+    in int8, stepping through a sequence (the one-call C++ step, or the module loop with the kernel's per-row
+    products) gives the forward's outputs to float tolerance, so evaluation's precision=int8 scores what the
+    sampler computes; and the bits/dim of those steps is the forward's."""
     from imagegen.bits_per_dim import bits_per_dim
     from imagegen.ops.int8 import forced_product
     model = scaled_model("linear", length=60)

@@ -15,8 +15,8 @@ the same channel one pixel left) and 3W (one row up): the neighbours that a line
 average cannot single out, at the cost of a lookup. Decoding keeps the last max(context) bytes in its state.
 Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (dtypes.INT8:
 8-bit weights, activations quantized per row; the head stays float32, the first block's feed-forward input
-bfloat16 where this CPU multiplies that faster, else float32: `ops.dense.int8_keeps`), with weights converted once into the state; the
-residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
+bfloat16 where this CPU multiplies that faster, else float32: `ops.dense.int8_keeps`), with weights converted
+once into the state; the residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
 dtype (float32).
 """
 from contextlib import nullcontext

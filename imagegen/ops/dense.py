@@ -49,12 +49,24 @@ class Dense(nn.Module):
             if self.int8_keeps is not None:
                 return self.cast(kept_dtype(self.int8_keeps), batch)
             if takes_kernel(always=per_row):
-                return step_form(self.weight.detach(), self.bias.detach())
+                return self.step_form()
             return quantize(self.weight.detach(), self.bias.detach()), None
         w = pack(self.weight.detach().to(dtype), batch)
         if self.weight.dtype == dtype and not is_packed(w):
             return self.weight, self.bias
         return w, self.bias.detach().to(dtype)
+
+    def step_form(self):
+        """The C++ kernel's int8 (Wq, extra) of the parameters (`int8.step_form`), quantized once per version of
+        them: torch counts every in-place change of a tensor (an optimizer's step, load_state_dict, copy_), so a
+        sampler's every call reuses them (24 ms of paper_mnist's, 8 layers, at each call) until the weights
+        change. (A change made through `.data` escapes that count; nothing here makes one.)"""
+        key = (self.weight._version, self.bias._version, self.weight.data_ptr(), self.bias.data_ptr())
+        if self._step_form[0] != key:
+            self._step_form = (key, step_form(self.weight.detach(), self.bias.detach()))
+        return self._step_form[1]
+
+    _step_form = (None, None)   # (the parameters' versions and addresses, their step form)
 
     def extra_repr(self):
         return f"{self.weight.shape[0]} -> {self.weight.shape[1]}"
@@ -110,8 +122,8 @@ def int8_product(module):
 @contextlib.contextmanager
 def int8_weights(module):
     """Inside: every Dense of `module` runs its forward through int8 weights (`Dense.cast`, made once
-    here; float32 or bfloat16 for the layers it keeps, `int8_keeps`, as decoding's int8 keeps them) as `dense` runs them,
-    activations quantized per row by the kernel's product wherever it builds
+    here; float32 or bfloat16 for the layers it keeps, `int8_keeps`, as decoding's int8 keeps them) as `dense`
+    runs them, activations quantized per row by the kernel's product wherever it builds
     (so a forward's bits/dim depends on nothing but the weights and the images), else per call by
     fbgemm's; outside, float32 as before. Nested
     inside another, it leaves the layers the outer one quantized as they are."""

@@ -119,7 +119,9 @@ inline __attribute__((always_inline)) void attention_forward_head(
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *z = state + E * Mp, *qf = work, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
     *o = v_row + kSteps * Mp;  // work: kSteps rows each of phi(q), phi(k), v, out
-  std::fill(work, o + kSteps * Mp, T(0));
+  // phi_row pads its rows and the sweep writes whole out rows; only v's padding must be zeros (zeroing all
+  // four was a tenth of a decoding step's attention, which calls this once per position)
+  if (Mp != M) std::fill(v_row, o, T(0));
   const T *qf_s[kSteps], *kf_s[kSteps], *v_s[kSteps];
   T* o_s[kSteps];
   for (int64_t t0 = 0; t0 < L; t0 += kSteps) {

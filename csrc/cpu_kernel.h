@@ -4,6 +4,7 @@
 //   decode_step.cpp      one decoding position of a whole linear PixelTransformer, with its
 //                        bfloat16 products and residual add + LayerNorm
 //   int8_linear.cpp      the int8 products of decoding and evaluation (AVX512-VNNI or AVX2 where the CPU has it)
+//   mixture.cpp          the discretized logistic mixture's probabilities over the 256 values (sampling)
 //   allocator.cpp        torch's CPU allocator replaced by one whose freed blocks malloc reuses
 // The shared vector helpers are in vec.h; the shape checks shared with the CUDA source in qkv_checks.h.
 #pragma once
@@ -92,6 +93,10 @@ std::vector<std::string> decode_int8_forms();    // the forms this CPU runs, bes
 // the same product in decode_step's form: extra float32 (3, O) = the bias, the scales and the column
 // sums' int32 bits (imagegen.ops.int8.step_form); decode_linear takes it for 4-d int8 weights
 at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra);
+
+// ---- mixture.cpp
+// params (N, 3K) float32 (K logits, K means, K log-scales) -> p (N, 256): LogisticMixture.probs
+at::Tensor mixture_probs(const at::Tensor& params);
 
 // ---- allocator.cpp
 // Make torch allocate CPU tensors through malloc(n + 64), aligned inside the block (see allocator.cpp);

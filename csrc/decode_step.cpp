@@ -192,8 +192,8 @@ CP_MULTIVERSION void gelu_values(float* x, int64_t n) {
 }  // namespace
 
 // torch's exact GELU (approximate='none') of x in place: contiguous float32 CPU x through gelu_values
-// (gelu.h: within 1e-7 of it, about half torch's time), rows split over threads; other x through
-// at::gelu_. -> x.
+// (gelu.h: within 2.6e-7 of the exact value, 1.3-1.5x faster than torch's), rows split over threads;
+// other x through at::gelu_. -> x.
 at::Tensor gelu_in_place(at::Tensor x) {
   if (x.scalar_type() != at::kFloat || !x.is_contiguous() || !x.device().is_cpu() || x.numel() == 0)
     return at::gelu_(x);

@@ -57,7 +57,7 @@ inline __attribute__((always_inline)) V gelu(V x) {
   bits &= 0x7fffffff;
   V a;                                             // |x| (NaN stays NaN)
   __builtin_memcpy(&a, &bits, sizeof a);
-  const V h = exp2_negative(horner(a, kGeluTail)); // Phi(-|x|); 0 from |x| ~ 13 (Q falls to -inf beyond its fit)
+  const V h = exp2_negative(horner(a, kGeluTail)); // Phi(-|x|); 0 from |x| = 10.2 (Q falls to -inf beyond its fit)
   const V clamped = x > 64.0f ? V{} + 64.0f : (x < -64.0f ? V{} - 64.0f : x);  // where h = 0: 0, not inf * 0
   const V xh = clamped * h;
   return x > 0.0f ? x - xh : xh;                   // x Phi(x) = x - x Phi(-x): one rounding of a value near x

@@ -15,6 +15,7 @@
 #include <c10/util/BFloat16.h>
 
 #include "cpu_kernel.h"
+#include "gelu.h"
 #include "vec.h"
 
 #include <algorithm>
@@ -173,7 +174,42 @@ CP_MULTIVERSION void add_layer_norm_rows(float* h, const float* y, const float* 
                                          int64_t n0, int64_t n1, int64_t D, float eps) {
   add_layer_norm_body(h, y, w, b, out, n0, n1, D, eps);
 }
+
+// ---- GELU of the feed-forward rows -----------------------------------------------------------
+// x[i] = gelu(x[i]) for n float32 values (gelu.h): whole sweep vectors, then the rest through one
+// zero-padded vector.
+CP_MULTIVERSION void gelu_values(float* x, int64_t n) {
+  constexpr int64_t L = kSweep<float>;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) sstore(x + i, gelu(sload(x + i)));
+  if (i < n) {
+    float rest[L] = {};
+    for (int64_t j = i; j < n; ++j) rest[j - i] = x[j];
+    sstore(rest, gelu(sload(rest)));
+    for (int64_t j = i; j < n; ++j) x[j] = rest[j - i];
+  }
+}
 }  // namespace
+
+// torch's exact GELU (approximate='none') of x in place: contiguous float32 CPU x through gelu_values
+// (gelu.h: within 2.6e-7 of the exact value, 1.3-1.5x faster than torch's), rows split over threads;
+// other x through at::gelu_. -> x.
+at::Tensor gelu_in_place(at::Tensor x) {
+  if (x.scalar_type() != at::kFloat || !x.is_contiguous() || !x.device().is_cpu() || x.numel() == 0)
+    return at::gelu_(x);
+#if defined(__x86_64__) && !defined(__AVX2__)
+  // the portable build's baseline clone (no AVX2), its vectors split into SSE halves, ran 8x slower than
+  // an AVX2 build on the Zen 4 EPYC (333 against 39 us for 64K values), slower than torch's
+  if (!__builtin_cpu_supports("avx2")) return at::gelu_(x);
+#endif
+  const int64_t D = x.dim() ? x.size(-1) : 1, rows = x.numel() / D;
+  float* p = x.data_ptr<float>();
+  // split rows over threads only where each gets at least ~16K values
+  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 14) / D), [&](int64_t r0, int64_t r1) {
+    gelu_values(p + r0 * D, (r1 - r0) * D);
+  });
+  return x;
+}
 
 // b + x W through oneDNN with W prepacked for it (`imagegen.model.layers.pack`: torch.ops.mkldnn.
 // _reorder_linear_weight of W^T, an opaque (O, K) tensor): torch.ops.mkldnn._linear_pointwise, the
@@ -318,7 +354,7 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
                         w[Layer::out_bias]);                                                  // attention out W + b
       auto f = decode_linear(add_norm(w[Layer::ln2_weight], w[Layer::ln2_bias]), w[Layer::ff1_weight],
                              w[Layer::ff1_bias]);
-      y = decode_linear(at::gelu_(f), w[Layer::ff2_weight], w[Layer::ff2_bias]);              // GELU(ff1) W + b
+      y = decode_linear(gelu_in_place(f), w[Layer::ff2_weight], w[Layer::ff2_bias]);              // GELU(ff1) W + b
     }
     h.add_(y);
   } else {
@@ -331,7 +367,7 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
                    w[Layer::out_weight], w[Layer::out_bias]);
       auto f = decode_linear(at::layer_norm(h, {D}, w[Layer::ln2_weight], w[Layer::ln2_bias], ln_eps),
                              w[Layer::ff1_weight], w[Layer::ff1_bias]);
-      h = residual(at::gelu_(f), w[Layer::ff2_weight], w[Layer::ff2_bias]);
+      h = residual(gelu_in_place(f), w[Layer::ff2_weight], w[Layer::ff2_bias]);
     }
   }
   return at::addmm(head[Head::proj_bias], at::layer_norm(h, {D}, head[Head::ln_f_weight], head[Head::ln_f_bias], ln_eps),

@@ -39,7 +39,7 @@ SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "i
                    "allocator.cpp", "bindings.cpp"],
            "cuda": ["causal_product_cuda.cu"]}
 # included by the sources (qkv_checks.h by both): part of the build key
-HEADERS = ["cpu_kernel.h", "vec.h", "qkv_checks.h"]
+HEADERS = ["cpu_kernel.h", "vec.h", "gelu.h", "qkv_checks.h"]
 BUILD_TIME = {"cpu": "about a minute", "cuda": "several minutes"}
 
 _modules = {}  # device type -> built module, or why it cannot be built

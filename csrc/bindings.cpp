@@ -41,6 +41,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_step", &decode_step_cpu,
         "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer; "
         "layers: per block the tensors named by decode_layer_weights, head: those named by decode_head_weights");
+  m.def("mixture_probs", &mixture_probs,
+        "mixture_probs(params) -> p (N, 256): the discretized logistic mixture of params (N, 3K) float32, as "
+        "imagegen.model.heads.LogisticMixture.probs");
+  m.def("gelu_", &gelu_in_place,
+        "gelu_(x) -> x: torch's exact GELU (approximate='none') in place; contiguous float32 x through the "
+        "kernel's vector form (csrc/gelu.h, within 2.6e-7 of it), other x through torch");
   m.def("use_recycling_allocator", &use_recycling_allocator,
         "use_recycling_allocator() -> bool: torch's CPU tensors from malloc(n + 64), aligned inside the block, "
         "so that malloc reuses freed blocks for tensors of the same size (allocator.cpp)");

@@ -2,10 +2,12 @@
 //   numerator.cpp        the causal product (numerator) forward and backward
 //   fused_attention.cpp  the normalised elu+1 attention fused, forward (and decoding) and backward
 //   decode_step.cpp      one decoding position of a whole linear PixelTransformer, with its
-//                        bfloat16 products and residual add + LayerNorm
+//                        bfloat16 products, residual add + LayerNorm and GELU (gelu.h)
 //   int8_linear.cpp      the int8 products of decoding and evaluation (AVX512-VNNI or AVX2 where the CPU has it)
+//   mixture.cpp          the discretized logistic mixture's probabilities over the 256 values (sampling)
 //   allocator.cpp        torch's CPU allocator replaced by one whose freed blocks malloc reuses
-// The shared vector helpers are in vec.h; the shape checks shared with the CUDA source in qkv_checks.h.
+// The shared vector helpers are in vec.h, the GELU's vector form in gelu.h; the shape checks shared
+// with the CUDA source in qkv_checks.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -80,6 +82,8 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
 int64_t decode_panel_width();
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps);
+// torch's exact GELU of x in place (float32: gelu.h's vector form, within 2.6e-7 of it) -> x
+at::Tensor gelu_in_place(at::Tensor x);
 
 // ---- int8_linear.cpp
 // b + x W for a few float32 rows x (N, K) and W packed by imagegen.ops.int8.pack_int8: Wq int8
@@ -92,6 +96,10 @@ std::vector<std::string> decode_int8_forms();    // the forms this CPU runs, bes
 // the same product in decode_step's form: extra float32 (3, O) = the bias, the scales and the column
 // sums' int32 bits (imagegen.ops.int8.step_form); decode_linear takes it for 4-d int8 weights
 at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra);
+
+// ---- mixture.cpp
+// params (N, 3K) float32 (K logits, K means, K log-scales) -> p (N, 256): LogisticMixture.probs
+at::Tensor mixture_probs(const at::Tensor& params);
 
 // ---- allocator.cpp
 // Make torch allocate CPU tensors through malloc(n + 64), aligned inside the block (see allocator.cpp);

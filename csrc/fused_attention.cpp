@@ -36,35 +36,6 @@ template <typename S> struct Compute { using type = S; };
 template <> struct Compute<c10::BFloat16> { using type = float; };
 template <typename S> using compute_t = typename Compute<S>::type;
 
-// exp(x) for x <= 0 on one vector of floats (Cephes expf: range reduction to |r| <= ln2/2,
-// degree-7 polynomial, 2^n through the exponent bits); relative error < 2e-7, down to
-// x = -87 (below, the result is clamped near 1.6e-38).
-// On the sweep vector (CP_SWEEP_BYTES): GCC lowered the 64-byte selects to scalar code on AVX2.
-typedef int32_t vec_i32 __attribute__((vector_size(CP_SWEEP_BYTES)));
-inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float> x) {
-  using V = svec_t<float>;
-  x = x < -87.0f ? V{} - 87.0f : x;
-#if CP_SWEEP_BYTES == 64 && defined(__AVX512F__)  // round and 2^n in one instruction each (vrndscaleps, vscalefps)
-  const V nf = (V)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-  const vec_i32 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vec_i32);  // round(x / ln2), x <= 0
-  const V nf = __builtin_convertvector(n, V);
-#endif
-  const V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  V p = V{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-#if CP_SWEEP_BYTES == 64 && defined(__AVX512F__)
-  return (V)_mm512_scalef_ps((__m512)p, (__m512)nf);
-#else
-  return p * (V)((n + 127) << 23);
-#endif
-}
-
 inline __attribute__((always_inline)) svec_t<float> phi_vec(svec_t<float> u) {
   using V = svec_t<float>;
   return u > 0.0f ? u + 1.0f : exp_nonpositive(u > 0.0f ? V{} : u);
@@ -119,7 +90,9 @@ inline __attribute__((always_inline)) void attention_forward_head(
   const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
   T *z = state + E * Mp, *qf = work, *kf = qf + kSteps * Ep, *v_row = kf + kSteps * Ep,
     *o = v_row + kSteps * Mp;  // work: kSteps rows each of phi(q), phi(k), v, out
-  std::fill(work, o + kSteps * Mp, T(0));
+  // phi_row pads its rows and the sweep writes whole out rows; only v's padding must be zeros (zeroing all
+  // four was a tenth of a decoding step's attention, which calls this once per position)
+  if (Mp != M) std::fill(v_row, o, T(0));
   const T *qf_s[kSteps], *kf_s[kSteps], *v_s[kSteps];
   T* o_s[kSteps];
   for (int64_t t0 = 0; t0 < L; t0 += kSteps) {

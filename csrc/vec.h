@@ -62,6 +62,35 @@ inline __attribute__((always_inline)) svec_t<T> sload(const T* p) { svec_t<T> x;
 template <typename T>
 inline __attribute__((always_inline)) void sstore(T* p, svec_t<T> x) { __builtin_memcpy(p, &x, sizeof x); }
 
+// exp(x) for x <= 0 on one sweep vector of floats (phi in fused_attention.cpp, the mixture's sigmoid) (Cephes expf: range reduction to |r| <= ln2/2,
+// degree-7 polynomial, 2^n through the exponent bits); relative error < 2e-7, down to
+// x = -87 (below, the result is clamped near 1.6e-38).
+// On the sweep vector (CP_SWEEP_BYTES): GCC lowered the 64-byte selects to scalar code on AVX2.
+typedef int32_t vec_i32 __attribute__((vector_size(CP_SWEEP_BYTES)));
+inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float> x) {
+  using V = svec_t<float>;
+  x = x < -87.0f ? V{} - 87.0f : x;
+#if CP_SWEEP_BYTES == 64 && defined(__AVX512F__)  // round and 2^n in one instruction each (vrndscaleps, vscalefps)
+  const V nf = (V)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  const vec_i32 n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vec_i32);  // round(x / ln2), x <= 0
+  const V nf = __builtin_convertvector(n, V);
+#endif
+  const V r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+#if CP_SWEEP_BYTES == 64 && defined(__AVX512F__)
+  return (V)_mm512_scalef_ps((__m512)p, (__m512)nf);
+#else
+  return p * (V)((n + 127) << 23);
+#endif
+}
+
 // The state update and read-out of n consecutive steps s (in the order given):
 //   rows[r] += a[s][r] * b[s]   for r < R      (rows: R x Cp; b[s], out[s]: Cp, zero-padded)
 //   out[s]   = sum_r w[s][r] * rows[r]         (rows after step s's update)

@@ -5,7 +5,7 @@ Training (train.bf16): matrix products run in bfloat16 (float32 accumulation); p
 optimizer state, the linear attention's sums (`imagegen.ops.linear_attention`) and the loss stay
 float32. Sampling and evaluation (precision=float32|bfloat16|auto|int8): see `resolve_precision`.
 int8 (sampling and evaluation on the CPU): the Dense products with 8-bit weights (but those the model
-keeps float32, `ops.dense.int8_keeps_float32`), see `imagegen.ops.int8`. Sampling's `auto` takes int8
+keeps out of int8, `ops.dense.int8_keeps`), see `imagegen.ops.int8`. Sampling's `auto` takes int8
 only for a model whose int8 cost in bits/dim was recorded (`int8_cost`: imagegen-convert scores its check
 images both ways) and is at most INT8_MAX_COST, and only where its decoding products measure faster than
 float32's (`auto_int8`); evaluation's `auto` never takes it (its figure should be the model's own).

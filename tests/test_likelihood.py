@@ -58,6 +58,42 @@ def test_sampling_probs_equal_the_loss_probs():
     assert torch.allclose(cat.probs(params), cat.log_probs(params).exp())
 
 
+def extreme_mixtures(n, K, seed=0):
+    """(n, 3K) mixture params with sharp and wide components, far means and large logits."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, K, generator=g, dtype=torch.float64) * 4
+    logits[::3] *= 12                                    # one component takes (almost) everything
+    means = torch.randn(n, K, generator=g, dtype=torch.float64) * 1.5
+    means[1::4] = torch.where(means[1::4] > 0, 5.0, -5.0)
+    log_scales = torch.rand(n, K, generator=g, dtype=torch.float64) * 9 - 8   # [-8, 1): below the -7 clamp too
+    log_scales[2::5] = 5.0
+    return torch.cat([logits, means, log_scales], dim=-1)
+
+
+@pytest.mark.parametrize("K", [1, 5, 10])
+@pytest.mark.parametrize("n", [1, 3, 64])
+def test_the_cpu_kernels_mixture_probabilities_are_the_references(n, K):
+    """`LogisticMixture.probs` on the CPU runs the C++ kernel's mixture_probs: within float32 rounding of
+    `probs_reference` computed in float64, at sharp, wide and far components and dominant logits."""
+    from fixtures import skip_without_cpu_kernel
+    from imagegen.ops.build import kernel_error, load_kernel
+    if (why := kernel_error("cpu")) is not None:
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
+    head, params = LogisticMixture(K), extreme_mixtures(n, K)
+    got = head.probs(params.float())
+    assert got.dtype == torch.float32 and got.shape == (n, 256)
+    assert torch.equal(got, load_kernel("cpu").mixture_probs(params.float()))
+    want = head.probs_reference(params.float().double())
+    assert (got.double() - want).abs().max() < 1e-6
+    assert (got.double().sum(-1) - 1).abs().max() < 1e-6
+
+
+def test_mixture_probabilities_fall_back_to_pytorch_without_the_kernel(monkeypatch):
+    monkeypatch.setattr(heads, "kernel_error", lambda device_type: "no compiler here")
+    head, params = LogisticMixture(10), extreme_mixtures(8, 10).float()
+    assert torch.equal(head.probs(params), head.probs_reference(params))
+
+
 @pytest.mark.parametrize("head,params", [(LogisticMixture(3), torch.tensor([[0.5, -1.0, 0.0, -0.2, 0.4, 0.9,
                                                                              -2.5, -3.0, -1.5]])),
                                          (Categorical(), torch.randn(1, 256) * 2)])

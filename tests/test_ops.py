@@ -335,6 +335,31 @@ def test_decode_step_names_its_tensors_as_python_does(cpu_kernel):
         module.decode_step(torch.zeros(1, 4), [layer], [torch.zeros(1)] * 4, 2, 1e-5, 1e-6)
 
 
+def test_kernel_gelu_is_torchs_exact_gelu(cpu_kernel):
+    """The decoding step's GELU (csrc/gelu.h on float32: polynomials and a power of two in vectors)
+    against torch's exact GELU in float64 on the same float32 values: within 3e-7 (a float32 rounding
+    of outputs up to 12; the tanh form is 5e-4 off, torch's own float32 GELU 1.2e-6) on a dense grid
+    over [-12, 12] and at the extremes; x for large x, 0 for very negative x, inf for inf, -0 for -inf
+    (the limit), NaN for NaN. In place, rows split over threads as one row; other dtypes and strided x
+    are torch's GELU."""
+    gelu_ = kernel_mod.load_kernel("cpu").gelu_
+    inf, nan = float("inf"), float("nan")
+    tails = [1e30, -1e30, 3e38, -3e38, 6.0, -6.0, 5.55, -5.55, 5.5, -5.5, 1.4142, -1.4142, 1.4143, -1.4143]
+    tiny = [-0.0, 0.0, 1e-45, -1e-45, 1e-40, -1e-40, 1e-20, -1e-20]
+    x = torch.cat([torch.linspace(-12, 12, 1_200_007), torch.tensor(tails + tiny)])   # 7: a partial last vector
+    got = x.clone()
+    assert gelu_(got).data_ptr() == got.data_ptr()
+    want = torch.nn.functional.gelu(x.double())
+    assert (got.double() - want).abs().max().item() <= 3e-7
+    assert torch.equal(got[-len(tiny):].signbit(), want[-len(tiny):].signbit())      # -0 and tiny negatives
+    special = gelu_(torch.tensor([inf, -inf, nan, 1e30, -1e30]))
+    assert special[0] == inf and special[1] == 0 and special[2].isnan() and special[3] == 1e30 and special[4] == 0
+    rows = x[:1_200_000].view(-1, 1000).clone()                                       # split over threads by rows
+    assert torch.equal(gelu_(rows).flatten(), got[:1_200_000])
+    for other in (x[:999].bfloat16(), x[:999].double(), x[:1000].view(10, 100).t()):
+        assert torch.equal(gelu_(other.clone()), torch.nn.functional.gelu(other))
+
+
 # ---- CUDA ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ every load checks). The result loads wherever a checkpoint is taken
 precision=int8 stores each Dense layer's weight in 8 bits with a float32 scale per output column (about a
 quarter of the size); it loads as float32 (q * scale), and the check scores those weights. On the CPU the
 check scores the same images with int8 products too, as sampling runs them (`ops.dense.int8_weights`: the
-products the model `keeps_float32` stay float32), which is int8_check: what sampling's precision=auto weighs.
+products the model keeps out of int8 stay float32 or bfloat16, `ops.dense.int8_keeps`), which is int8_check:
+what sampling's precision=auto weighs.
 
 Nothing is written until everything that can fail has run (the check scores the bytes the
 .safetensors file will hold): a failed or interrupted convert leaves no OUT files behind."""

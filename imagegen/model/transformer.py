@@ -14,9 +14,9 @@ distance of the byte x_{t-o} (START before the image), e.g. for colour 2, 3 (the
 the same channel one pixel left) and 3W (one row up): the neighbours that a linear attention's running
 average cannot single out, at the cost of a lookup. Decoding keeps the last max(context) bytes in its state.
 Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (dtypes.INT8:
-8-bit weights, activations quantized per row; the head and the first block's feed-forward input stay
-float32, `ops.dense.int8_keeps_float32`), with weights converted once into the state; the
-residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
+8-bit weights, activations quantized per row; the head stays float32, the first block's feed-forward input
+bfloat16 where this CPU multiplies that faster, else float32: `ops.dense.int8_keeps`), with weights converted
+once into the state; the residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
 dtype (float32).
 """
 from contextlib import nullcontext
@@ -31,7 +31,7 @@ from ..config import ModelConfig
 from ..dtypes import INT8
 from ..errors import UserError
 from ..ops import EPS, DecodeHead, DecodeLayer, decode_step
-from ..ops.dense import Dense, dense, int8_keeps_float32
+from ..ops.dense import Dense, dense, int8_keeps
 from ..ops.int8 import forced_product
 from .int8_step import int8_one_call
 from .heads import make_head
@@ -54,7 +54,7 @@ class DecodingState:
     """What `PixelTransformer.step` carries: the next position t, a BlockState per block, the class
     vectors (N, D) added at every position (None: unconditional), and, when the whole step runs as
     one C++ call, the (DecodeLayer list, DecodeHead) that call reads (None otherwise); head: the
-    output projection's weights for int8 products, `Dense.cast`'s (its parameters: it `keeps_float32`;
+    output projection's weights for int8 products, `Dense.cast`'s (its parameters: int8 keeps it float32;
     None: the parameters')."""
     t: int = 0
     layers: list = field(default_factory=list)
@@ -113,7 +113,8 @@ class PixelTransformer(nn.Module):
                                     for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.proj = Dense(d_model, self.head.n_params)
-        int8_keeps_float32([self.proj, self.blocks[0].ff[0]])    # int8's float32 products (docs/speed.md)
+        int8_keeps([self.proj], torch.float32)                  # the products int8 keeps (docs/speed.md)
+        int8_keeps([self.blocks[0].ff[0]], torch.bfloat16)
         embeddings = [self.tok, self.row, self.col, self.chan, *self.ctx]
         if num_classes:
             self.label = nn.Embedding(num_classes + 1, d_model)  # row num_classes: no label
@@ -185,7 +186,7 @@ class PixelTransformer(nn.Module):
         layer steps through the fused CPU kernel (linear attention), the whole step runs as one
         C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
         dtype dtypes.INT8 (int8 products, quantized here once): every Dense product in int8 (`ops.dense`) but
-        those `Dense.keeps_float32` (the head, the first block's feed-forward input; evaluation's int8 keeps the
+        those `Dense.int8_keeps` (the head, the first block's feed-forward input; evaluation's int8 keeps the
         same): through the C++ kernel's int8 product in the one-call C++ step where `int8_step.int8_one_call`
         measures that faster at this batch, else fbgemm's in the
         Python module loop."""

@@ -34,12 +34,12 @@ from ..say import apart_from_bars, say
 
 CSRC = data_dir("csrc")
 # CPU: one file per job (the numerator, the fused attention, the whole-model decoding step, its int8
-# products, torch's CPU allocator) and the module
-SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "int8_linear.cpp", "allocator.cpp",
-                   "bindings.cpp"],
+# products, the mixture head's probabilities, torch's CPU allocator) and the module
+SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "int8_linear.cpp", "mixture.cpp",
+                   "allocator.cpp", "bindings.cpp"],
            "cuda": ["causal_product_cuda.cu"]}
 # included by the sources (qkv_checks.h by both): part of the build key
-HEADERS = ["cpu_kernel.h", "vec.h", "qkv_checks.h"]
+HEADERS = ["cpu_kernel.h", "vec.h", "gelu.h", "qkv_checks.h"]
 BUILD_TIME = {"cpu": "about a minute", "cuda": "several minutes"}
 
 _modules = {}  # device type -> built module, or why it cannot be built

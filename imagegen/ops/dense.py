@@ -19,7 +19,7 @@ from torch import nn
 from ..dtypes import INT8
 from .build import load_kernel
 from .int8 import is_int8, linear_int8, quantize, step_form, takes_kernel
-from .layout import is_packed, linear_prepacked, pack
+from .layout import bf16_faster, is_packed, linear_prepacked, pack
 
 
 class Dense(nn.Module):
@@ -29,7 +29,7 @@ class Dense(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_out))
 
     int8 = None           # cast(INT8)'s weights while `int8_weights` runs the forward in int8
-    keeps_float32 = False  # True: cast(INT8) gives float32 weights (the model's rule, `int8_keeps_float32`)
+    int8_keeps = None     # the model's rule (`int8_keeps`): None, int8; float32 or bfloat16, cast(INT8) gives those
 
     def forward(self, x):                                  # (..., d_in) -> (..., d_out)
         if self.int8 is not None:
@@ -41,20 +41,32 @@ class Dense(nn.Module):
         """(weight, bias) for products in `dtype` at `batch` rows: detached copies converted once
         (decoding states carry them), the weight prepacked by `pack` where it can be; the
         parameters themselves when they already are of dtype and the weight is not packed.
-        dtype INT8: the parameters (float32, as the forward's addmm) for a layer that `keeps_float32`; else where
+        dtype INT8: for a layer the model keeps out of int8 (`int8_keeps`), cast(its `kept_dtype`); else where
         `takes_kernel` (per_row: wherever the kernel builds), the C++ kernel's (Wq, extra)
         (`int8.step_form`, activations quantized per row), else
         (fbgemm's packed int8 weight and bias, None; one activation scale per call), see `int8.quantize`."""
         if dtype == INT8:
-            if self.keeps_float32:
-                return self.weight, self.bias
+            if self.int8_keeps is not None:
+                return self.cast(kept_dtype(self.int8_keeps), batch)
             if takes_kernel(always=per_row):
-                return step_form(self.weight.detach(), self.bias.detach())
+                return self.step_form()
             return quantize(self.weight.detach(), self.bias.detach()), None
         w = pack(self.weight.detach().to(dtype), batch)
         if self.weight.dtype == dtype and not is_packed(w):
             return self.weight, self.bias
         return w, self.bias.detach().to(dtype)
+
+    def step_form(self):
+        """The C++ kernel's int8 (Wq, extra) of the parameters (`int8.step_form`), quantized once per version of
+        them: torch counts every in-place change of a tensor (an optimizer's step, load_state_dict, copy_), so a
+        sampler's every call reuses them (24 ms of paper_mnist's, 8 layers, at each call) until the weights
+        change. (A change made through `.data` escapes that count; nothing here makes one.)"""
+        key = (self.weight._version, self.bias._version, self.weight.data_ptr(), self.bias.data_ptr())
+        if self._step_form[0] != key:
+            self._step_form = (key, step_form(self.weight.detach(), self.bias.detach()))
+        return self._step_form[1]
+
+    _step_form = (None, None)   # (the parameters' versions and addresses, their step form)
 
     def extra_repr(self):
         return f"{self.weight.shape[0]} -> {self.weight.shape[1]}"
@@ -82,29 +94,36 @@ def dense(x, weights):
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def int8_keeps_float32(layers):
-    """Mark the Dense `layers` whose products stay float32 when a model runs in int8 (`Dense.keeps_float32`):
-    one rule, which decoding (`Dense.cast`, the one-call C++ step included) and whole forward passes
-    (`int8_weights`: evaluation, imagegen-convert's check) both read, so evaluation's precision=int8 scores
-    what int8 sampling computes. The model names them (`PixelTransformer`: its head and its first block's
-    feed-forward input, where 8-bit activations cost the most bits/dim; docs/speed.md)."""
+def int8_keeps(layers, dtype):
+    """Mark the Dense `layers` whose products stay out of int8 when a model runs in int8 (`Dense.int8_keeps`),
+    in dtype: torch.float32, or torch.bfloat16 (`kept_dtype`: where this CPU's bfloat16 products measure
+    faster than float32's, else float32). One rule, which decoding (`Dense.cast`, the one-call C++ step
+    included) and whole forward passes (`int8_weights`: evaluation, imagegen-convert's check) both read, so
+    evaluation's precision=int8 scores what int8 sampling computes. The model names them (`PixelTransformer`:
+    its head in float32 and its first block's feed-forward input in bfloat16, where 8-bit activations cost
+    the most bits/dim; docs/speed.md)."""
     for layer in layers:
-        layer.keeps_float32 = True
+        layer.int8_keeps = dtype
+
+
+def kept_dtype(dtype):
+    """The dtype a layer int8 keeps in `dtype` runs in here: bfloat16 only where `bf16_faster`, else float32."""
+    return torch.bfloat16 if dtype == torch.bfloat16 and bf16_faster() else torch.float32
 
 
 def int8_product(module):
     """How the int8 weights that `int8_weights` put on module's Dense layers quantize activations:
     "per row" (the kernel's product), "per call" (fbgemm's), "mixed", or None outside `int8_weights`."""
     kinds = {"per call" if is_int8(m.int8[0]) else "per row"
-             for m in module.modules() if isinstance(m, Dense) and m.int8 is not None and not m.keeps_float32}
+             for m in module.modules() if isinstance(m, Dense) and m.int8 is not None and m.int8_keeps is None}
     return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 @contextlib.contextmanager
 def int8_weights(module):
     """Inside: every Dense of `module` runs its forward through int8 weights (`Dense.cast`, made once
-    here; float32 for the layers that `keeps_float32`, as decoding's int8 keeps them) as `dense` runs them,
-    activations quantized per row by the kernel's product wherever it builds
+    here; float32 or bfloat16 for the layers it keeps, `int8_keeps`, as decoding's int8 keeps them) as `dense`
+    runs them, activations quantized per row by the kernel's product wherever it builds
     (so a forward's bits/dim depends on nothing but the weights and the images), else per call by
     fbgemm's; outside, float32 as before. Nested
     inside another, it leaves the layers the outer one quantized as they are."""

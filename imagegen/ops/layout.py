@@ -102,6 +102,26 @@ def packs_float32(batch, d_in, d_out):
     return faster_than_addmm("f32-pack", batch, d_in, d_out, packed_product)
 
 
+KEPT_SHAPE = (64, 256, 1024)   # rows, d_in, d_out of `bf16_faster`'s probe: a decoding step's feed-forward input
+
+
+@functools.cache
+def bf16_faster():
+    """Whether this CPU runs bfloat16 products faster than float32's: where oneDNN runs bfloat16 with prepacked
+    weights and a probe measures that (x converted to bfloat16 included) faster than addmm in float32 by its
+    margin at KEPT_SHAPE; never with probes off. The rule for the products int8 keeps in bfloat16
+    (`dense.kept_dtype`): one verdict per machine, whatever the batch, so that evaluation's forward and every
+    batch's decoding run those products alike."""
+    if not can_pack(torch.bfloat16):
+        return False
+    rows = KEPT_SHAPE[0]
+
+    def bf16_product(w):
+        packed = prepacked(w.bfloat16(), rows)
+        return lambda x, b: linear_prepacked(x.bfloat16(), packed, b.bfloat16())
+    return faster_than_addmm("bf16-pack", *KEPT_SHAPE, bf16_product)
+
+
 def pack(w, batch):
     """w (d_in, d_out) on the CPU -> the same product laid out for `batch` rows, which `dense` and the
     C++ decoding step apply: below PACK_MIN_ROWS rows float32 `panels` where `takes_panels`; from it,

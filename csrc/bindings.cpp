@@ -44,6 +44,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mixture_probs", &mixture_probs,
         "mixture_probs(params) -> p (N, 256): the discretized logistic mixture of params (N, 3K) float32, as "
         "imagegen.model.heads.LogisticMixture.probs");
+  m.def("inverse_cdf", &inverse_cdf,
+        "inverse_cdf(probs, u) -> bytes (N,) uint8: for each row of probs (N, 256) float32, the first value whose "
+        "running sum reaches u * the row's total, as imagegen.model.heads.sample");
   m.def("gelu_", &gelu_in_place,
         "gelu_(x) -> x: torch's exact GELU (approximate='none') in place; contiguous float32 x through the "
         "kernel's vector form (csrc/gelu.h, within 2.6e-7 of it), other x through torch");

@@ -4,7 +4,7 @@
 //   decode_step.cpp      one decoding position of a whole linear PixelTransformer, with its
 //                        bfloat16 products, residual add + LayerNorm and GELU (gelu.h)
 //   int8_linear.cpp      the int8 products of decoding and evaluation (AVX512-VNNI or AVX2 where the CPU has it)
-//   mixture.cpp          the discretized logistic mixture's probabilities over the 256 values (sampling)
+//   draw.cpp             the sampler's draw: the logistic mixture's probabilities, the inverse-CDF draw
 //   allocator.cpp        torch's CPU allocator replaced by one whose freed blocks malloc reuses
 // The shared vector helpers are in vec.h, the GELU's vector form in gelu.h; the shape checks shared
 // with the CUDA source in qkv_checks.h.
@@ -97,9 +97,11 @@ std::vector<std::string> decode_int8_forms();    // the forms this CPU runs, bes
 // sums' int32 bits (imagegen.ops.int8.step_form); decode_linear takes it for 4-d int8 weights
 at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra);
 
-// ---- mixture.cpp
+// ---- draw.cpp
 // params (N, 3K) float32 (K logits, K means, K log-scales) -> p (N, 256): LogisticMixture.probs
 at::Tensor mixture_probs(const at::Tensor& params);
+// probs (N, 256), u (N) float32 -> bytes (N) uint8: the inverse-CDF draw of heads.sample
+at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u);
 
 // ---- allocator.cpp
 // Make torch allocate CPU tensors through malloc(n + 64), aligned inside the block (see allocator.cpp);

@@ -88,10 +88,37 @@ def test_the_cpu_kernels_mixture_probabilities_are_the_references(n, K):
     assert (got.double().sum(-1) - 1).abs().max() < 1e-6
 
 
-def test_mixture_probabilities_fall_back_to_pytorch_without_the_kernel(monkeypatch):
-    monkeypatch.setattr(heads, "kernel_error", lambda device_type: "no compiler here")
+def test_the_cpu_kernels_draw_is_the_references_byte_for_byte():
+    """`sample` on the CPU draws through the kernel's inverse_cdf: the same bytes as `inverse_cdf_reference`
+    (torch's cumsum and searchsorted) for every uniform, at the edges too: u = 0, u near 1, rows whose mass
+    sits on one value or ends early, uniforms landing exactly on a running sum."""
+    from fixtures import skip_without_cpu_kernel
+    from imagegen.ops.build import kernel_error, load_kernel
+    if (why := kernel_error("cpu")) is not None:
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(600, 256, generator=g) * 3, -1)
+    p[::7, 100:] = 0
+    p[1::9] = 0
+    p[1::9, 37] = 1
+    p[2::11] = 1 / 256
+    u = torch.rand(600, 1, generator=g)
+    u[::13], u[5::17], u[6::19] = 0.0, 1 - 2 ** -24, 0.5
+    got = load_kernel("cpu").inverse_cdf(p, u)
+    want = heads.inverse_cdf_reference(p, u)
+    assert got.dtype == torch.uint8 and torch.equal(got, want)
+    assert torch.equal(sample(Categorical(), torch.log(p), uniforms=u.flatten()),
+                       heads.inverse_cdf_reference(torch.softmax(torch.log(p), -1), u))
+
+
+def test_mixture_probabilities_and_draws_fall_back_to_pytorch_without_the_kernel(monkeypatch):
     head, params = LogisticMixture(10), extreme_mixtures(8, 10).float()
+    u = torch.rand(8, generator=torch.Generator().manual_seed(3))
+    with_kernel = sample(head, params, uniforms=u)
+    monkeypatch.setattr(heads, "kernel_error", lambda device_type: "no compiler here")
     assert torch.equal(head.probs(params), head.probs_reference(params))
+    assert torch.equal(sample(head, params, uniforms=u), heads.inverse_cdf_reference(head.probs(params), u[:, None]))
+    assert (sample(head, params, uniforms=u).long() - with_kernel.long()).abs().max() <= 1   # float32 rounding apart
 
 
 @pytest.mark.parametrize("head,params", [(LogisticMixture(3), torch.tensor([[0.5, -1.0, 0.0, -0.2, 0.4, 0.9,

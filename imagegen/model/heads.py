@@ -144,10 +144,17 @@ def sample(head, params, temperature=1.0, generator=None, uniforms=None, params_
     p = guided_probs(head, params, params_uncond, guidance)
     if temperature != 1.0:
         p = torch.softmax(torch.log(p.double()) / temperature, dim=-1)
-    cdf = p.cumsum(dim=-1)
     if uniforms is None:
-        u = torch.rand(len(p), 1, generator=generator, dtype=cdf.dtype, device=p.device)
+        u = torch.rand(len(p), 1, generator=generator, dtype=p.dtype, device=p.device)
     else:
-        u = torch.as_tensor(uniforms, dtype=cdf.dtype, device=p.device).reshape(len(p), 1)
-    u = u * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).clamp(max=255).squeeze(-1).to(torch.uint8)
+        u = torch.as_tensor(uniforms, dtype=p.dtype, device=p.device).reshape(len(p), 1)
+    if p.device.type == "cpu" and p.dtype == torch.float32 and kernel_error("cpu") is None:
+        return load_kernel("cpu").inverse_cdf(p.contiguous(), u.contiguous())   # the lines below, in one call
+    return inverse_cdf_reference(p, u)
+
+
+def inverse_cdf_reference(p, u):
+    """The byte each uniform of u (B, 1) draws from p (B, 256): the first value whose running sum reaches
+    u * the row's total (at most 255). On the CPU the kernel's `inverse_cdf` does this for float32 p."""
+    cdf = p.cumsum(dim=-1)
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=255).squeeze(-1).to(torch.uint8)

@@ -34,8 +34,8 @@ from ..say import apart_from_bars, say
 
 CSRC = data_dir("csrc")
 # CPU: one file per job (the numerator, the fused attention, the whole-model decoding step, its int8
-# products, the mixture head's probabilities, torch's CPU allocator) and the module
-SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "int8_linear.cpp", "mixture.cpp",
+# products, the sampler's draw, torch's CPU allocator) and the module
+SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "int8_linear.cpp", "draw.cpp",
                    "allocator.cpp", "bindings.cpp"],
            "cuda": ["causal_product_cuda.cu"]}
 # included by the sources (qkv_checks.h by both): part of the build key

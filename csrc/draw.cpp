@@ -1,11 +1,14 @@
-// The discretized logistic mixture's probabilities over the 256 byte values, one row of parameters at a
-// time: what imagegen.model.heads.LogisticMixture.probs computes in PyTorch (its reference there), for
-// sampling on the CPU. Params (N, 3K) float32: K mixture logits, K means, K log-scales (clamped at -7);
+// The sampler's draw of one byte per image on the CPU (imagegen.model.heads: LogisticMixture.probs and
+// sample, whose PyTorch forms are the references):
+// - mixture_probs: the discretized logistic mixture's probabilities over the 256 byte values, one row of
+//   parameters at a time. Params (N, 3K) float32: K mixture logits, K means, K log-scales (clamped at -7);
 // with w = softmax(logits) and s_k = exp(-log_scale_k), the mixture's CDF at the 255 inner bin edges
 // e_i = (i + 0.5) / 127.5 - 1 is C(e) = sum_k w_k sigmoid((e - mean_k) s_k), and p (N, 256) its
 // differences with C = 0 below value 0 and 1 above 255 (PixelCNN++'s edges). PyTorch built a (N, K, 255)
 // tensor and ran five ops over it, about a tenth of an int8 decoding step at 64 images (paper_mnist);
 // here the edges are vector lanes and the K components a loop over registers.
+// - inverse_cdf: the byte that a uniform u draws from each row of probabilities, as sample's cumsum and
+//   searchsorted (their ops' fixed costs were a tenth of the int8 step at one image).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -80,6 +83,19 @@ CP_MULTIVERSION void mixture_rows(const float* params, float* probs, int64_t K, 
 
 }  // namespace
 
+// The first i with cdf[i] >= u * cdf[255], at most 255, for cdf the running sums of one row p[0, 256) summed
+// in float64 and rounded to float32 as torch's CPU cumsum does, and u * cdf[255] rounded to float32.
+CP_MULTIVERSION void inverse_cdf_rows(const float* probs, const float* u, uint8_t* out, int64_t n0, int64_t n1) {
+  float cdf[kValues];
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* p = probs + n * kValues;
+    double sum = 0.0;
+    for (int i = 0; i < kValues; ++i) cdf[i] = static_cast<float>(sum += p[i]);
+    const float target = u[n] * cdf[kValues - 1];
+    out[n] = static_cast<uint8_t>(std::min<int64_t>(std::lower_bound(cdf, cdf + kValues, target) - cdf, kValues - 1));
+  }
+}
+
 at::Tensor mixture_probs(const at::Tensor& params) {
   TORCH_CHECK(params.dim() == 2 && params.size(1) % 3 == 0 && params.size(1) > 0 &&
                   params.scalar_type() == at::kFloat && params.is_contiguous() && params.device().is_cpu(),
@@ -90,4 +106,17 @@ at::Tensor mixture_probs(const at::Tensor& params) {
   float* out = probs.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { mixture_rows(pp, out, K, n0, n1); });
   return probs;
+}
+
+at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u) {
+  TORCH_CHECK(probs.dim() == 2 && probs.size(1) == kValues && probs.scalar_type() == at::kFloat &&
+                  probs.is_contiguous() && u.scalar_type() == at::kFloat && u.is_contiguous() &&
+                  u.numel() == probs.size(0) && probs.device().is_cpu() && u.device().is_cpu(),
+              "inverse_cdf: probs must be a contiguous float32 CPU tensor (N, 256) and u N contiguous float32 values");
+  const int64_t N = probs.size(0);
+  auto out = at::empty({N}, probs.options().dtype(at::kByte));
+  const float *pp = probs.data_ptr<float>(), *up = u.data_ptr<float>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) { inverse_cdf_rows(pp, up, op, n0, n1); });
+  return out;
 }

@@ -111,11 +111,28 @@ def test_the_cpu_kernels_draw_is_the_references_byte_for_byte():
                        heads.inverse_cdf_reference(torch.softmax(torch.log(p), -1), u))
 
 
+def test_drawing_never_builds_or_loads_the_kernel(monkeypatch):
+    """A model whose attention does not load the CPU kernel (softmax, LSH) samples without it: the draw takes
+    the kernel only where this process has it loaded, so it never starts its minute-long first compile."""
+    from imagegen.ops import build
+    monkeypatch.setattr(build, "_modules", {})
+    monkeypatch.setattr(build, "_build", lambda *a, **k: pytest.fail("the draw tried to build or load the kernel"))
+    head, params = LogisticMixture(10), extreme_mixtures(8, 10).float()
+    u = torch.rand(8, generator=torch.Generator().manual_seed(3))
+    want = heads.inverse_cdf_reference(head.probs_reference(params), u[:, None])
+    assert torch.equal(sample(head, params, uniforms=u), want)
+    assert build._modules == {}
+
+
 def test_mixture_probabilities_and_draws_fall_back_to_pytorch_without_the_kernel(monkeypatch):
+    from fixtures import skip_without_cpu_kernel
+    from imagegen.ops.build import kernel_error
+    if (why := kernel_error("cpu")) is not None:
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
     head, params = LogisticMixture(10), extreme_mixtures(8, 10).float()
     u = torch.rand(8, generator=torch.Generator().manual_seed(3))
     with_kernel = sample(head, params, uniforms=u)
-    monkeypatch.setattr(heads, "kernel_error", lambda device_type: "no compiler here")
+    monkeypatch.setattr(heads, "loaded_kernel", lambda device_type: None)
     assert torch.equal(head.probs(params), head.probs_reference(params))
     assert torch.equal(sample(head, params, uniforms=u), heads.inverse_cdf_reference(head.probs(params), u[:, None]))
     assert (sample(head, params, uniforms=u).long() - with_kernel.long()).abs().max() <= 1   # float32 rounding apart

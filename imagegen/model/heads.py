@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from ..ops.build import kernel_error, load_kernel
+from ..ops.build import loaded_kernel
 
 VALUES = torch.arange(256)
 EDGES = (torch.arange(255) + 0.5) / 127.5 - 1          # inner bin edges on [-1, 1]
@@ -82,10 +82,11 @@ class LogisticMixture:
         """params (B, 3K) -> p over all 256 values (B, 256), for sampling: the mixture's CDF at the
         255 inner bin edges (PixelCNN++ edges: bins 0 and 255 reach to -inf and +inf), differenced.
         Equals exp(log_probs) up to the tiny-bin approximation that log_prob makes (< 1e-4 in total).
-        On the CPU the C++ kernel's `mixture_probs` computes it (within float32 rounding of `probs_reference`;
-        the reference's five ops over (B, K, 255) were a tenth of an int8 decoding step at 64 images)."""
-        if params.device.type == "cpu" and kernel_error("cpu") is None:
-            return load_kernel("cpu").mixture_probs(params.float().contiguous())
+        Where this process has the CPU kernel loaded (`loaded_kernel`: a linear model's attention loads it),
+        its `mixture_probs` computes it on the CPU (within float32 rounding of `probs_reference`; the
+        reference's five ops over (B, K, 255) were a tenth of an int8 decoding step at 64 images)."""
+        if params.device.type == "cpu" and (kernel := loaded_kernel("cpu")) is not None:
+            return kernel.mixture_probs(params.float().contiguous())
         return self.probs_reference(params)
 
     def probs_reference(self, params):
@@ -148,13 +149,13 @@ def sample(head, params, temperature=1.0, generator=None, uniforms=None, params_
         u = torch.rand(len(p), 1, generator=generator, dtype=p.dtype, device=p.device)
     else:
         u = torch.as_tensor(uniforms, dtype=p.dtype, device=p.device).reshape(len(p), 1)
-    if p.device.type == "cpu" and p.dtype == torch.float32 and kernel_error("cpu") is None:
-        return load_kernel("cpu").inverse_cdf(p.contiguous(), u.contiguous())   # the lines below, in one call
+    if p.device.type == "cpu" and p.dtype == torch.float32 and (kernel := loaded_kernel("cpu")) is not None:
+        return kernel.inverse_cdf(p.contiguous(), u.contiguous())   # the reference's lines, in one call
     return inverse_cdf_reference(p, u)
 
 
 def inverse_cdf_reference(p, u):
     """The byte each uniform of u (B, 1) draws from p (B, 256): the first value whose running sum reaches
-    u * the row's total (at most 255). On the CPU the kernel's `inverse_cdf` does this for float32 p."""
+    u * the row's total (at most 255). On the CPU a loaded kernel's `inverse_cdf` does this for float32 p."""
     cdf = p.cumsum(dim=-1)
     return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=255).squeeze(-1).to(torch.uint8)

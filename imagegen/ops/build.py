@@ -186,6 +186,13 @@ def load_kernel(device_type):
     return module
 
 
+def loaded_kernel(device_type):
+    """The kernel for device_type if this process has it loaded already, else None: never builds, never
+    looks on disk (a check cheap enough for every sampling step; a linear model's attention loads it first)."""
+    module = _modules.get(device_type)
+    return None if module is None or isinstance(module, str) else module
+
+
 def _loaded(device_type, module):
     """Keep a module just built or loaded, and give torch the CPU one's allocator where asked."""
     _modules[device_type] = module

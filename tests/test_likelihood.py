@@ -1,4 +1,6 @@
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -83,9 +85,29 @@ def test_the_cpu_kernels_mixture_probabilities_are_the_references(n, K):
     got = head.probs(params.float())
     assert got.dtype == torch.float32 and got.shape == (n, 256)
     assert torch.equal(got, load_kernel("cpu").mixture_probs(params.float()))
-    want = head.probs_reference(params.float().double())
+    want = head.probs_reference(params.float(), torch.float64)
+    assert want.dtype == torch.float64
     assert (got.double() - want).abs().max() < 1e-6
     assert (got.double().sum(-1) - 1).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("guidance", [0.0, 0.5, 2.5])
+def test_guided_probabilities_through_the_cpu_kernel_are_as_close_as_pytorchs(guidance):
+    """`guided_probs` calls `probs` for both branches: through the kernel it is as close to the same guidance
+    in float64 as through `probs_reference` in float32. (Between sharp components far apart, G < 1 weighs
+    the float32 tails, floored at the smallest normal float, and both float32 paths are far from float64.)"""
+    from fixtures import skip_without_cpu_kernel
+    from imagegen.ops.build import kernel_error, load_kernel
+    if (why := kernel_error("cpu")) is not None:
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
+    head, pc, pu = LogisticMixture(10), extreme_mixtures(8, 10, seed=1).float(), extreme_mixtures(8, 10, seed=2).float()
+    assert torch.equal(head.probs(pu), load_kernel("cpu").mixture_probs(pu))
+    with_reference = SimpleNamespace(probs=head.probs_reference)
+    in_float64 = SimpleNamespace(probs=lambda params: head.probs_reference(params, torch.float64))
+    want = heads.guided_probs(in_float64, pc, pu, guidance)
+    via_kernel = (heads.guided_probs(head, pc, pu, guidance).double() - want).abs().max()
+    via_reference = (heads.guided_probs(with_reference, pc, pu, guidance).double() - want).abs().max()
+    assert via_kernel <= 2 * via_reference + 1e-6
 
 
 def test_the_cpu_kernels_draw_is_the_references_byte_for_byte():

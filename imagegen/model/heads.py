@@ -84,15 +84,17 @@ class LogisticMixture:
         Equals exp(log_probs) up to the tiny-bin approximation that log_prob makes (< 1e-4 in total).
         Where this process has the CPU kernel loaded (`loaded_kernel`: a linear model's attention loads it),
         its `mixture_probs` computes it on the CPU (within float32 rounding of `probs_reference`; the
-        reference's five ops over (B, K, 255) were a tenth of an int8 decoding step at 64 images)."""
+        reference's five ops over (B, K, 255) were a tenth of an int8 decoding step at 64 images). So a
+        uniform that lands within that rounding of a CDF edge can draw the neighbouring byte on one path
+        and not the other; elsewhere the two draw the same bytes."""
         if params.device.type == "cpu" and (kernel := loaded_kernel("cpu")) is not None:
             return kernel.mixture_probs(params.float().contiguous())
         return self.probs_reference(params)
 
-    def probs_reference(self, params):
-        """`probs` in PyTorch (any device)."""
-        logits, mean, log_scale = params.float().chunk(3, dim=-1)                  # (B, K) each
-        edges = constants(params.device)[1]                                        # (255,)
+    def probs_reference(self, params, dtype=torch.float32):
+        """`probs` in PyTorch (any device), computed in dtype (float64: the tests' reference for the kernel)."""
+        logits, mean, log_scale = params.to(dtype).chunk(3, dim=-1)                # (B, K) each
+        edges = constants(params.device)[1].to(dtype)                              # (255,)
         inv_s = torch.exp(-log_scale.clamp(min=self.MIN_LOG_SCALE)).unsqueeze(-1)
         cdf = torch.sigmoid((edges - mean.unsqueeze(-1)) * inv_s)                 # (B, K, 255)
         cdf = torch.softmax(logits, dim=-1).unsqueeze(1) @ cdf                     # (B, 1, 255) mixture CDF

@@ -54,7 +54,7 @@ inline __attribute__((always_inline)) svec_t<float> sigmoid_vec(svec_t<float> z)
 CP_MULTIVERSION void mixture_rows(const float* params, float* probs, int64_t K, int64_t n0, int64_t n1) {
   using V = svec_t<float>;
   constexpr int64_t L = kSweep<float>;
-  std::vector<float> w(K), mean(K), inv_s(K);
+  std::vector<float> w(K), inv_s(K);
   alignas(64) float cdf[kValues];
   for (int64_t n = n0; n < n1; ++n) {
     const float* logits = params + n * 3 * K;
@@ -65,13 +65,12 @@ CP_MULTIVERSION void mixture_rows(const float* params, float* probs, int64_t K, 
     for (int64_t k = 0; k < K; ++k) total += w[k] = std::exp(logits[k] - top);
     for (int64_t k = 0; k < K; ++k) {
       w[k] /= total;
-      mean[k] = means[k];
       inv_s[k] = std::exp(-std::max(log_scales[k], kMinLogScale));
     }
     for (int64_t i = 0; i < kValues; i += L) {
       const V edge = sload(kEdges.data() + i);
       V acc{};
-      for (int64_t k = 0; k < K; ++k) acc += w[k] * sigmoid_vec((edge - mean[k]) * inv_s[k]);
+      for (int64_t k = 0; k < K; ++k) acc += w[k] * sigmoid_vec((edge - means[k]) * inv_s[k]);
       sstore(cdf + i, acc);
     }
     float* p = probs + n * kValues;
@@ -80,8 +79,6 @@ CP_MULTIVERSION void mixture_rows(const float* params, float* probs, int64_t K, 
     p[kValues - 1] = 1.0f - cdf[kValues - 2];
   }
 }
-
-}  // namespace
 
 // The first i with cdf[i] >= u * cdf[255], at most 255, for cdf the running sums of one row p[0, 256) summed
 // in float64 and rounded to float32 as torch's CPU cumsum does, and u * cdf[255] rounded to float32.
@@ -95,6 +92,8 @@ CP_MULTIVERSION void inverse_cdf_rows(const float* probs, const float* u, uint8_
     out[n] = static_cast<uint8_t>(std::min<int64_t>(std::lower_bound(cdf, cdf + kValues, target) - cdf, kValues - 1));
   }
 }
+
+}  // namespace
 
 at::Tensor mixture_probs(const at::Tensor& params) {
   TORCH_CHECK(params.dim() == 2 && params.size(1) % 3 == 0 && params.size(1) > 0 &&

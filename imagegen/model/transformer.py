@@ -63,8 +63,7 @@ class DecodingState:
     head: tuple = None
     history: torch.Tensor = None          # (N, max(context)) long: the last bytes read, newest last (context models)
     context: tuple = None                 # the context's embeddings as one table (`PixelTransformer.context_table`)
-    positions: torch.Tensor = None        # (length, D): every position's embedding (`PixelTransformer.positions`),
-    #                                       made once: its 3 lookups and adds a step were a sixth of a small int8 step
+    positions: torch.Tensor = None        # (length, D): every position's embedding, made once (`positions`)
 
 
 class Block(nn.Module):

@@ -22,11 +22,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &causal_product_backward,
         "backward(q, k, v, grad_out) -> (grad_q, grad_k, grad_v)");
   m.def("attention_forward", &attention_forward_cpu, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
-        pybind11::arg("eps"), pybind11::arg("state") = pybind11::none(),
-        "attention_forward(q, k, v, eps, state=None) -> (out, inv): normalised elu+1 attention on raw q, k");
+        pybind11::arg("eps"), pybind11::arg("state") = pybind11::none(), pybind11::arg("mapped") = false,
+        "attention_forward(q, k, v, eps, state=None, mapped=False) -> (out, inv): normalised elu+1 attention on "
+        "raw q, k (mapped: on features q, k of another map)");
   m.def("attention_state", &attention_state, "attention_state(like, N*H, E, M) -> zero decoding state");
-  m.def("attention_backward", &attention_backward_cpu,
-        "attention_backward(q, k, v, out, inv, grad_out, grad_q, grad_k, grad_v): writes the gradients");
+  m.def("attention_backward", &attention_backward_cpu, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+        pybind11::arg("out"), pybind11::arg("inv"), pybind11::arg("grad_out"), pybind11::arg("grad_q"),
+        pybind11::arg("grad_k"), pybind11::arg("grad_v"), pybind11::arg("mapped") = false,
+        "attention_backward(q, k, v, out, inv, grad_out, grad_q, grad_k, grad_v, mapped=False): writes the gradients");
   m.def("decode_linear", &decode_linear,
         "decode_linear(x, W, b) -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed in float32; "
         "float32 W (O / P, K, P) in panels of P = decode_panel_width() columns)");

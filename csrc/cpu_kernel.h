@@ -1,6 +1,7 @@
 // The CPU kernel's entry points, one source per job, bound to Python in bindings.cpp:
 //   numerator.cpp        the causal product (numerator) forward and backward
-//   fused_attention.cpp  the normalised elu+1 attention fused, forward (and decoding) and backward
+//   fused_attention.cpp  the normalised elu+1 attention fused, forward (and decoding) and backward;
+//                        also on features of another map (mapped)
 //   decode_step.cpp      one decoding position of a whole linear PixelTransformer, with its
 //                        bfloat16 products, residual add + LayerNorm and GELU (gelu.h)
 //   int8_linear.cpp      the int8 products of decoding and evaluation (AVX512-VNNI or AVX2 where the CPU has it)
@@ -35,10 +36,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(at::Tenso
 
 // ---- fused_attention.cpp
 std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps,
-                                                         std::optional<at::Tensor> state);
+                                                         std::optional<at::Tensor> state, bool mapped = false);
 at::Tensor attention_state(const at::Tensor& like, int64_t BH, int64_t E, int64_t M);
 void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor inv,
-                            at::Tensor grad_out, at::Tensor gq, at::Tensor gk, at::Tensor gv);
+                            at::Tensor grad_out, at::Tensor gq, at::Tensor gk, at::Tensor gv, bool mapped);
 
 // ---- decode_step.cpp
 // The tensors decode_step takes, by name, in order: per block (DECODE_LAYER_WEIGHTS) and for the

@@ -9,6 +9,10 @@
 // read, every sum runs in float32, and out and the gradients are rounded (to nearest even) as
 // they are written, so the model's projections feed it with no casts around it.
 // Decoding one position at a time is attention_forward with L = 1 and a state (attention_state).
+// mapped: q and k are features already (another feature map, applied by the caller, whose autograd
+// carries the gradient through it): phi is the identity and phi' is 1, the rest as above; the
+// numerator kernel's form, [v, 1] through causal_product and a division, ran the state 33 columns
+// wide (48 padded) at M = 32, in three backward sweeps over the rows and a fourth pass to divide.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -60,6 +64,17 @@ inline __attribute__((always_inline)) void phi_row(const double* x, double* y, i
   std::fill(y + D, y + padded<double>(D), 0.0);
 }
 
+// y = the features of x, padded as phi_row's: phi(x), or (Mapped) x itself.
+template <bool Mapped, typename S, typename T>
+inline __attribute__((always_inline)) void feature_row(const S* x, T* y, int64_t D) {
+  if constexpr (Mapped) {
+    convert_row(x, y, D);
+    std::fill(y + D, y + padded<T>(D), T(0));
+  } else {
+    phi_row(x, y, D);
+  }
+}
+
 // A (L, D) matrix of one (n, h) pair read or written through its row stride.
 template <typename T> struct Rows {
   T* p;
@@ -82,7 +97,7 @@ constexpr int64_t kAhead = 8;  // rows prefetched ahead
 template <typename T>
 int64_t state_size(int64_t E, int64_t M) { return E * padded<T>(M) + padded<T>(E); }
 
-template <typename S, int64_t D, typename T = compute_t<S>>
+template <typename S, int64_t D, bool Mapped, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_forward_head(
     Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<S> out, T* inv, int64_t L, int64_t E_, int64_t M_,
     T eps, T* state, T* work, bool stream) {
@@ -101,8 +116,8 @@ inline __attribute__((always_inline)) void attention_forward_head(
       const int64_t t = t0 + s;
       if (t + kAhead < L) q.prefetch(t + kAhead, E), k.prefetch(t + kAhead, E), v.prefetch(t + kAhead, M);
       qf_s[s] = qf + s * Ep, kf_s[s] = kf + s * Ep, v_s[s] = v_row + s * Mp, o_s[s] = o + s * Mp;
-      phi_row(q[t], qf + s * Ep, E);
-      phi_row(k[t], kf + s * Ep, E);
+      feature_row<Mapped>(q[t], qf + s * Ep, E);
+      feature_row<Mapped>(k[t], kf + s * Ep, E);
       convert_row(v[t], v_row + s * Mp, M);
     }
     update_and_read(state, kf_s, v_s, qf_s, o_s, n, E, Mp);
@@ -121,16 +136,17 @@ inline __attribute__((always_inline)) void attention_forward_head(
 // dst[0, E) = grad_feature * phi'(x) with phi'(x) = min(phi(x), 1), from the feature phi(x); both
 // rows hold Ep (padded) values, and grad_feature is overwritten with the product. Vectors and a
 // select: a scalar loop branched on feature < 1 per value (half of them mispredicted on real data)
-// and took a third of the backward's time.
-template <typename S, typename T>
+// and took a third of the backward's time. Mapped: phi' = 1, grad_feature written as it is.
+template <bool Mapped, typename S, typename T>
 inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad_feature,
                                                             const T* __restrict__ feature, S* __restrict__ dst,
                                                             int64_t E) {
   using V = svec_t<T>;
-  for (int64_t e = 0; e < padded<T>(E); e += kSweep<T>) {
-    const V f = sload(feature + e);
-    sstore(grad_feature + e, sload(grad_feature + e) * (f < T(1) ? f : V{} + T(1)));
-  }
+  if constexpr (!Mapped)
+    for (int64_t e = 0; e < padded<T>(E); e += kSweep<T>) {
+      const V f = sload(feature + e);
+      sstore(grad_feature + e, sload(grad_feature + e) * (f < T(1) ? f : V{} + T(1)));
+    }
   stream_row(grad_feature, dst, E);
 }
 
@@ -150,7 +166,7 @@ inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad
 // The gradient rows are written with stream_row (non-temporal stores).
 constexpr int64_t kRowBlock = kSteps;  // a multiple of kSteps
 
-template <typename S, int64_t D, typename T>
+template <typename S, int64_t D, bool Mapped, typename T>
 struct BackwardRows {
   Rows<const S> q, k, v, out, g;
   const T* inv;
@@ -180,8 +196,8 @@ struct BackwardRows {
         T* gn = GN + t * Mp;
         for (int64_t m = 0; m < M; ++m) gn[m] = static_cast<T>(g[t][m]) * inv[t];
         for (int64_t m = M; m < Mp; ++m) gn[m] = T(0);
-        phi_row(q[t], QF + t * Ep, E);
-        phi_row(k[t], KF + t * Ep, E);
+        feature_row<Mapped>(q[t], QF + t * Ep, E);
+        feature_row<Mapped>(k[t], KF + t * Ep, E);
         if constexpr (kInPlace) {
           if (M == Mp) {  // out's row read in place
             gd[t] = -dot(gn, out[t], Mp);
@@ -195,7 +211,7 @@ struct BackwardRows {
   }
 };
 
-template <typename S, int64_t D, typename T = compute_t<S>>
+template <typename S, int64_t D, bool Mapped, typename T = compute_t<S>>
 inline __attribute__((always_inline)) void attention_backward_head(
     Rows<const S> q, Rows<const S> k, Rows<const S> v, Rows<const S> out, const T* inv, Rows<const S> g,
     Rows<S> gq, Rows<S> gk, Rows<S> gv, int64_t L, int64_t E_, int64_t M_, T* work) {
@@ -207,7 +223,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
     *o = acc + kSteps * Ep;  // acc: kSteps rows of Ep, o: kSteps rows of Mp
   T *QF = o + kSteps * Mp, *KF = QF + L * Ep, *GN = KF + L * Ep, *VF = GN + L * Mp, *gd = VF + kRowBlock * Mp;
   std::fill(work, QF, T(0));
-  const BackwardRows<S, D, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, GN, VF, gd, o};
+  const BackwardRows<S, D, Mapped, T> rows{q, k, v, out, g, inv, L, E, M, QF, KF, GN, VF, gd, o};
   const T *qf_s[kSteps], *kf_s[kSteps], *gn_s[kSteps], *v_s[kSteps];
   T *acc_s[kSteps], *o_s[kSteps];
   for (int s = 0; s < kSteps; ++s) acc_s[s] = acc + s * Ep, o_s[s] = o + s * Mp;
@@ -233,7 +249,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
           sstore(z + i, z_new);
           sstore(acc_s[s] + i, sload(acc_s[s] + i) + gd[t] * z_new);
         }
-        grad_through_phi(acc_s[s], qf_s[s], gq[t], E);
+        grad_through_phi<Mapped>(acc_s[s], qf_s[s], gq[t], E);
       }
     }
   }
@@ -253,7 +269,7 @@ inline __attribute__((always_inline)) void attention_backward_head(
           sstore(r + i, r_new);
           sstore(acc_s[s] + i, sload(acc_s[s] + i) + r_new);
         }
-        grad_through_phi(acc_s[s], kf_s[s], gk[t], E);
+        grad_through_phi<Mapped>(acc_s[s], kf_s[s], gk[t], E);
       }
     }
   }
@@ -267,26 +283,38 @@ int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forwa
 }
 
 // Entry points per storage type (f32, f64, bf16), cloned as above. Each has a copy compiled for
-// E = M = kHeadDim, every preset's head size (d_model / n_heads), whose row loops have fixed counts.
+// E = M = kHeadDim, every preset's head size (d_model / n_heads), whose row loops have fixed counts,
+// and one for mapped features (phi the identity).
 constexpr int64_t kHeadDim = 32;
 #define ATTENTION_ENTRY_POINTS(S, suffix)                                                                    \
   CP_MULTIVERSION void attention_forward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,        \
                                                   Rows<S> out, compute_t<S>* inv, int64_t L, int64_t E,     \
                                                   int64_t M, compute_t<S> eps, compute_t<S>* state,         \
-                                                  compute_t<S>* work, bool stream) {                        \
-    if (E == kHeadDim && M == kHeadDim)                                                                     \
-      attention_forward_head<S, kHeadDim>(q, k, v, out, inv, L, E, M, eps, state, work, stream);            \
+                                                  compute_t<S>* work, bool stream, bool mapped) {           \
+    const bool fixed = E == kHeadDim && M == kHeadDim;                                                      \
+    if (mapped && fixed)                                                                                    \
+      attention_forward_head<S, kHeadDim, true>(q, k, v, out, inv, L, E, M, eps, state, work, stream);      \
+    else if (mapped)                                                                                        \
+      attention_forward_head<S, 0, true>(q, k, v, out, inv, L, E, M, eps, state, work, stream);             \
+    else if (fixed)                                                                                         \
+      attention_forward_head<S, kHeadDim, false>(q, k, v, out, inv, L, E, M, eps, state, work, stream);     \
     else                                                                                                    \
-      attention_forward_head<S, 0>(q, k, v, out, inv, L, E, M, eps, state, work, stream);                   \
+      attention_forward_head<S, 0, false>(q, k, v, out, inv, L, E, M, eps, state, work, stream);            \
   }                                                                                                         \
   CP_MULTIVERSION void attention_backward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,       \
                                                    Rows<const S> out, const compute_t<S>* inv,              \
                                                    Rows<const S> g, Rows<S> gq, Rows<S> gk, Rows<S> gv,     \
-                                                   int64_t L, int64_t E, int64_t M, compute_t<S>* work) {   \
-    if (E == kHeadDim && M == kHeadDim)                                                                     \
-      attention_backward_head<S, kHeadDim>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                \
+                                                   int64_t L, int64_t E, int64_t M, compute_t<S>* work,     \
+                                                   bool mapped) {                                           \
+    const bool fixed = E == kHeadDim && M == kHeadDim;                                                      \
+    if (mapped && fixed)                                                                                    \
+      attention_backward_head<S, kHeadDim, true>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);          \
+    else if (mapped)                                                                                        \
+      attention_backward_head<S, 0, true>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                 \
+    else if (fixed)                                                                                         \
+      attention_backward_head<S, kHeadDim, false>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);         \
     else                                                                                                    \
-      attention_backward_head<S, 0>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                       \
+      attention_backward_head<S, 0, false>(q, k, v, out, inv, g, gq, gk, gv, L, E, M, work);                \
   }
 ATTENTION_ENTRY_POINTS(float, f32)
 ATTENTION_ENTRY_POINTS(double, f64)
@@ -335,9 +363,9 @@ at::ScalarType compute_type(at::ScalarType dtype) { return dtype == at::kBFloat1
 // strides with a contiguous last dim -> (out (N, H, L, M) of their dtype laid out (N, L, H, M),
 // inv (N, H, L) = 1 / (den + eps) in the compute dtype).
 // With a state (from attention_state) the sequence continues from it and leaves it at its end:
-// decoding one position at a time is this call with L = 1.
+// decoding one position at a time is this call with L = 1. mapped: q, k are features (no phi).
 std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, double eps,
-                                                         std::optional<at::Tensor> state) {
+                                                         std::optional<at::Tensor> state, bool mapped) {
   check_inputs(q, k, v);
   check_unit_stride(q, "q"); check_unit_stride(k, "k"); check_unit_stride(v, "v");
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), E = q.size(3), M = v.size(3);
@@ -358,7 +386,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(at::Tensor q, at::Tenso
         T* S = states ? states + i * state_n : work.data();
         if (!states) std::fill(S, S + state_n, T(0));
         attention_forward<scalar_t>(hq[i], hk[i], hv[i], ho[i], invs + i * L, L, E, M, static_cast<T>(eps), S,
-                                    work.data() + state_n, !states);
+                                    work.data() + state_n, !states, mapped);
       }
       if (!states) stream_fence();  // stream_row's stores, visible before out is used
     });
@@ -374,9 +402,9 @@ at::Tensor attention_state(const at::Tensor& like, int64_t BH, int64_t E, int64_
 }
 
 // Writes grad_q, grad_k, grad_v (shaped and typed like q, k, v, any strides with a contiguous last
-// dim: views of one buffer, say, so that their caller need not concatenate them).
+// dim: views of one buffer, say, so that their caller need not concatenate them). mapped: as the forward's.
 void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor inv,
-                            at::Tensor grad_out, at::Tensor gq, at::Tensor gk, at::Tensor gv) {
+                            at::Tensor grad_out, at::Tensor gq, at::Tensor gk, at::Tensor gv, bool mapped) {
   check_inputs(q, k, v);
   for (const auto& [x, name] : {std::pair{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {grad_out, "grad_out"},
                                 {gq, "grad_q"}, {gk, "grad_k"}, {gv, "grad_v"}})
@@ -398,7 +426,7 @@ void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
       Scratch<T> work(attention_scratch<T>(L, E, M));
       for (int64_t i = begin; i < end; ++i)
         attention_backward<scalar_t>(hq[i], hk[i], hv[i], ho[i], invs + i * L, hg[i], hgq[i], hgk[i], hgv[i], L, E,
-                                     M, work.data());
+                                     M, work.data(), mapped);
     });
   });
 }

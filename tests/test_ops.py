@@ -13,7 +13,7 @@ import torch
 
 from imagegen import ops
 from imagegen.ops import build as kernel_mod, decode as decode_mod, kernel as kernels
-from imagegen.ops.causal_linear import causal_product_reference, linear_attention_reference
+from imagegen.ops.causal_linear import causal_product_reference, linear_attention_reference, mapped_attention_reference
 from fixtures import make_qkv, make_raw_qkv, out_and_grads, skip_without_cpu_kernel
 
 CPU_IMPLS = ["cumsum", "chunked", "kernel", "auto"]
@@ -210,13 +210,15 @@ def test_mixed_dtypes_and_unknown_impl_raise_value_error():
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("impl", CPU_IMPLS)
-@pytest.mark.parametrize("op", ["causal_product", "linear_attention"])
+@pytest.mark.parametrize("op", ["causal_product", "linear_attention", "mapped_linear_attention"])
 def test_impl_matches_reference_float64(op, impl, shape, request):
-    """The numerator on feature-mapped q, k, and the model's attention on raw q, k."""
+    """The numerator on feature-mapped q, k, the model's attention on raw q, k, and the attention on
+    another map's features (the fused CPU kernel with phi the identity)."""
     if impl == "kernel":
         request.getfixturevalue("cpu_kernel")
-    make, reference = (make_qkv, causal_product_reference) if op == "causal_product" else \
-        (make_raw_qkv, linear_attention_reference)
+    make, reference = {"causal_product": (make_qkv, causal_product_reference),
+                       "linear_attention": (make_raw_qkv, linear_attention_reference),
+                       "mapped_linear_attention": (make_qkv, mapped_attention_reference)}[op]
     q, k, v = make(*shape)
     got = out_and_grads(lambda *t: getattr(ops, op)(*t, impl=impl), q, k, v)
     assert_close_all(got, out_and_grads(reference, q, k, v), rtol=1e-9, atol=1e-10)
@@ -257,6 +259,40 @@ def test_fused_kernel_gradients_are_laid_out_as_their_inputs(cpu_kernel):
 def test_fused_kernel_gradcheck(cpu_kernel):
     q, k, v = (t.requires_grad_() for t in make_raw_qkv(1, 2, 7, 3, 4))
     assert torch.autograd.gradcheck(lambda *t: kernels.linear_attention_kernel(*t, eps=1e-6), (q, k, v))
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 7, 3, 4))
+    q.data[0, 0, 2] *= -1                        # features of any sign (rff's), the denominator still away from 0
+    assert torch.autograd.gradcheck(lambda *t: kernels.linear_attention_kernel(*t, eps=1e-6, mapped=True), (q, k, v))
+
+
+@pytest.mark.parametrize("F, M", [(32, 32), (64, 32), (5, 7)])
+@pytest.mark.parametrize("layout", ["contiguous", "views"])
+def test_fused_kernel_mapped_matches_reference_float64(F, M, layout, cpu_kernel):
+    """Features of another map through the fused kernel (phi the identity; F = M = 32 runs the copy
+    compiled for that size), contiguous and as strided views, lengths off the sweeps' steps: outputs
+    and gradients against the quadratic reference in float64, and against the numerator kernel's
+    form ([v, 1] through causal_product, then a division), which mapped attention ran before."""
+    q, k, v = make_qkv(2, 3, 133, F, M)
+    q[0, 1, :40] *= -0.5                         # some negative features, as rff's
+    if layout == "views":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        assert not q.is_contiguous() and q.stride(-1) == 1
+    got = out_and_grads(lambda *t: ops.mapped_linear_attention(*t, impl="kernel"), q, k, v)
+    assert_close_all(got, out_and_grads(mapped_attention_reference, q, k, v), rtol=1e-9, atol=1e-10)
+    numerator = out_and_grads(lambda *t: ops.causal_linear_attention(*t, impl="kernel"), q, k, v)
+    assert_close_all(got, numerator, rtol=1e-9, atol=1e-10)
+
+
+def test_fused_kernel_mapped_decoding_continues_the_sequence(cpu_kernel):
+    """The mapped kernel's state (attention_state, F x M): positions one at a time equal the whole
+    sequence, in float64 and for bfloat16 inputs (summed in float32)."""
+    module = kernel_mod.load_kernel("cpu")
+    for dtype, tol in ((torch.float64, 1e-12), (torch.bfloat16, 1e-2)):
+        q, k, v = (t.to(dtype) for t in make_qkv(2, 3, 20, 6, 5))
+        whole = module.attention_forward(q, k, v, 1e-6, mapped=True)[0]
+        state = module.attention_state(q, 6, 6, 5)
+        steps = [module.attention_forward(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], 1e-6, state,
+                                          mapped=True)[0] for t in range(20)]
+        torch.testing.assert_close(torch.cat(steps, 2).double(), whole.double(), rtol=tol, atol=tol)
 
 
 def test_fused_kernel_reads_views_of_one_projection_and_writes_heads_last(cpu_kernel):
@@ -294,13 +330,15 @@ def test_fused_kernel_packed_gradcheck(cpu_kernel):
     assert torch.autograd.gradcheck(lambda x: kernels.linear_attention_kernel(x, eps=1e-6), (qkv,))
 
 
-def test_fused_kernel_bfloat16_is_float32_on_the_same_values(cpu_kernel):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_fused_kernel_bfloat16_is_float32_on_the_same_values(mapped, cpu_kernel):
     """bfloat16 q, k, v are widened as read and summed in float32: the output is the float32
     kernel's on the same values, rounded; the gradients differ only through that rounding of
-    the output, which the backward reads (well within bfloat16's 2^-8)."""
-    q, k, v = (t.bfloat16() for t in make_raw_qkv(2, 3, 200, 32, 32))
-    low = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), q, k, v)
-    wide = out_and_grads(lambda *t: ops.linear_attention(*t, impl="kernel"), *(t.float() for t in (q, k, v)))
+    the output, which the backward reads (well within bfloat16's 2^-8). Raw q, k, and features."""
+    op = ops.mapped_linear_attention if mapped else ops.linear_attention
+    q, k, v = (t.bfloat16() for t in (make_qkv if mapped else make_raw_qkv)(2, 3, 200, 32, 32))
+    low = out_and_grads(lambda *t: op(*t, impl="kernel"), q, k, v)
+    wide = out_and_grads(lambda *t: op(*t, impl="kernel"), *(t.float() for t in (q, k, v)))
     assert all(t.dtype == torch.bfloat16 for t in low)
     assert torch.equal(low[0], wide[0].bfloat16())
     for a, b in zip(low[1:], wide[1:]):

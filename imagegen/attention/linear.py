@@ -10,10 +10,11 @@ numerator kernel, Triton with phi the identity, or chunked); with a gate to
 S = sum phi(k) v^T (F x M) and Z = sum phi(k) (F) and reads them with phi(q); gated,
 S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T and the same for Z, g_t in (0, 1) per head: one
 learned value per head (gate=head) or sigmoid of a projection of the layer's input (gate=input,
-the paper's). Where the fused CPU kernel serves the model (elu, no gate), a decoding step is that
-kernel run for one position from the carried state; elsewhere Z is kept as an extra column of S
-(v gets a ones column), so one batched product serves both: Triton's step kernel (ungated, where
-Triton serves the forward) or PyTorch's baddbmm and bmm.
+the paper's). Where the fused CPU kernel serves the model (no gate; another map's features given
+to it as they are, phi the identity), a decoding step is that kernel run for one position from the
+carried state; elsewhere Z is kept as an extra column of S (v gets a ones column), so one batched
+product serves both: Triton's step kernel (ungated, where Triton serves the forward) or PyTorch's
+baddbmm and bmm.
 With bfloat16 decoding (dtype=bfloat16 in init_state) the projections run in bfloat16 and S, Z
 stay float32: the fused kernel widens q, k, v as it reads them, the loop here converts them."""
 import math
@@ -38,6 +39,7 @@ from .registry import register
 class LinearState(AttentionState):
     """The running sums of one linear-attention layer, in the form its steps run:
     form "fused": S is the fused C++ kernel's own state (S and z of each of N*H heads, `ops.fused_state`);
+    form "mapped": the same for another map's features (F x M), which PyTorch computes at each step;
     form "triton" or "torch": S (N*H, F, M+1) with Z as its last column, stepped by Triton's kernel or
     by PyTorch's products. Float32 for bfloat16 products."""
     S: torch.Tensor
@@ -111,15 +113,18 @@ class LinearAttention(Attention):
         return self.merge(y)
 
     def init_state(self, batch, max_len, device, dtype):
-        """A LinearState of constant size whatever max_len: the fused kernel's form where it serves
-        (elu + 1, no gate), else S (N*H, F, M+1) whose last column is Z, stepped by Triton or PyTorch.
-        dtype: the products' (dtypes.INT8: int8 products, the sums float32)."""
+        """A LinearState of constant size whatever max_len: the fused kernel's forms where it serves
+        (no gate: "fused" for elu + 1, "mapped" for another map), else S (N*H, F, M+1) whose last column
+        is Z, stepped by Triton or PyTorch. dtype: the products' (dtypes.INT8: int8 products, the sums
+        float32)."""
         like, NH, E = torch.empty(0, device=device, dtype=activation_dtype(dtype)), batch * self.n_heads, self.head_dim
         weights = self.step_weights(dtype, batch)
-        if self.plain_elu and uses_fused_kernel(self.impl, like):
-            return LinearState(S=fused_state(like, NH, E, E), form="fused", **weights)
         Fd = self.feature_map.n_out
         state_dtype = compute_dtype(like) if self.plain_elu else feature_dtype(like)   # elu: as before maps existed
+        if self.gate == "none" and uses_fused_kernel(self.impl, like):
+            if self.plain_elu:
+                return LinearState(S=fused_state(like, NH, E, E), form="fused", **weights)
+            return LinearState(S=fused_state(like.to(state_dtype), NH, Fd, E), form="mapped", **weights)
         S = torch.zeros(NH, Fd, E + 1, device=device, dtype=state_dtype)
         triton = self.gate == "none" and uses_triton_step(self.impl, S.new_empty(1, 1, 1, max(Fd, E + 1)))
         return LinearState(S=S, form="triton" if triton else "torch", **weights)
@@ -134,6 +139,8 @@ class LinearAttention(Attention):
         if state.form == "triton" and self.plain_elu:       # the same S, Z by one Triton kernel, elu inside
             return self.merge_step(triton_step(*qkv.unbind(1), S, EPS), state), state
         qk = self.feature_map(qkv[:, :2].reshape(N * 2, H, 1, E)).view(N, 2, H, 1, -1)  # (N, 2, H, 1, F)
+        if state.form == "mapped":                           # the fused kernel, phi the identity
+            return self.merge_step(fused_step(qk[:, 0], qk[:, 1], qkv[:, 2], S, EPS, mapped=True), state), state
         if state.form == "triton":                           # features from PyTorch, phi the identity
             return self.merge_step(triton_step(qk[:, 0], qk[:, 1], qkv[:, 2], S, EPS, mapped=True), state), state
         fq, fk, v = qk[:, 0, :, 0], qk[:, 1, :, 0], qkv[:, 2, :, 0]                # (N, H, F), (N, H, M)

@@ -48,13 +48,17 @@ def causal_product_reference(q, k, v):
     return torch.einsum("nhls,nhsm->nhlm", scores.masked_fill(~mask, 0), v)
 
 
-def linear_attention_reference(q, k, v, eps=EPS):
-    """phi(q_i) . sum_{j<=i} phi(k_j) v_j^T / (phi(q_i) . sum_{j<=i} phi(k_j) + eps), phi = elu + 1,
-    by the quadratic product: raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M)."""
-    qf, kf = F.elu(q) + 1, F.elu(k) + 1
-    num = causal_product_reference(qf, kf, v)
-    den = causal_product_reference(qf, kf, torch.ones_like(v[..., :1]))
+def mapped_attention_reference(q, k, v, eps=EPS):
+    """q_i . sum_{j<=i} k_j v_j^T / (q_i . sum_{j<=i} k_j + eps) by the quadratic product: features q, k
+    (N, H, L, F) of any map, v (N, H, L, M) -> (N, H, L, M)."""
+    num = causal_product_reference(q, k, v)
+    den = causal_product_reference(q, k, torch.ones_like(v[..., :1]))
     return num / (den + eps)
+
+
+def linear_attention_reference(q, k, v, eps=EPS):
+    """`mapped_attention_reference` with phi = elu + 1 applied to raw q, k (N, H, L, E)."""
+    return mapped_attention_reference(F.elu(q) + 1, F.elu(k) + 1, v, eps)
 
 
 def causal_product_cumsum(q, k, v):

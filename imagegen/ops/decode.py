@@ -13,10 +13,11 @@ def fused_state(like, batch_heads, E, M):
     return load_kernel("cpu").attention_state(like, batch_heads, E, M)
 
 
-def fused_step(q, k, v, state, eps):
-    """One decoding position through the fused CPU kernel: raw q, k (N, H, 1, E), v (N, H, 1, M)
-    -> (N, H, 1, M), laid out (N, 1, H, M); state (from `fused_state`) is updated in place."""
-    return load_kernel("cpu").attention_forward(q, k, v, eps, state)[0]
+def fused_step(q, k, v, state, eps, mapped=False):
+    """One decoding position through the fused CPU kernel: raw q, k (N, H, 1, E) (mapped: features
+    of another map, (N, H, 1, F)), v (N, H, 1, M) -> (N, H, 1, M), laid out (N, 1, H, M); state (from
+    `fused_state`) is updated in place."""
+    return load_kernel("cpu").attention_forward(q, k, v, eps, state, mapped=mapped)[0]
 
 
 class DecodeLayer(NamedTuple):

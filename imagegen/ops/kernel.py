@@ -67,13 +67,15 @@ class FusedLinearAttention(torch.autograd.Function):
     """The CPU kernel's fused attention: phi, numerator, denominator and division in one sweep
     forward and two backward; keeps only 1 / (den + eps) per position beside its inputs and output.
     Takes q, k, v (N, H, L, E), or one tensor (N, L, 3, H, E) holding them (as a projection makes
-    them), whose gradient then comes back whole rather than as three pieces to concatenate."""
+    them), whose gradient then comes back whole rather than as three pieces to concatenate.
+    mapped: q, k are features of another map (phi the identity), as `mapped_linear_attention` takes them."""
 
     @staticmethod
-    def forward(ctx, eps, *inputs):
+    def forward(ctx, eps, mapped, *inputs):
         inputs = tuple(unit_last_stride(x) for x in inputs)   # saved so: backward copies nothing again
-        out, inv = load_kernel("cpu").attention_forward(*unpack(inputs), eps)
+        out, inv = load_kernel("cpu").attention_forward(*unpack(inputs), eps, mapped=mapped)
         ctx.save_for_backward(*inputs, out, inv)
+        ctx.mapped = mapped
         return out  # (N, H, L, M), laid out (N, L, H, M)
 
     @staticmethod
@@ -85,8 +87,8 @@ class FusedLinearAttention(torch.autograd.Function):
         else:
             grads = tuple(empty_grad(x) for x in inputs)
         load_kernel("cpu").attention_backward(*unpack(inputs), out, inv, unit_last_stride(grad_out.to(out.dtype)),
-                                              *unpack(grads))
-        return (None, *(g if need else None for g, need in zip(grads, ctx.needs_input_grad[1:])))
+                                              *unpack(grads), mapped=ctx.mapped)
+        return (None, None, *(g if need else None for g, need in zip(grads, ctx.needs_input_grad[2:])))
 
 
 def unpack(inputs):
@@ -107,7 +109,7 @@ def empty_heads_last(x):
     return x.new_empty(N, L, H, D).transpose(1, 2)
 
 
-def linear_attention_kernel(*inputs, eps):
+def linear_attention_kernel(*inputs, eps, mapped=False):
     """Fused CPU attention on raw q, k (N, H, L, E), v (N, H, L, M) -> (N, H, L, M), or on
-    qkv (N, L, 3, H, E) holding the three (see FusedLinearAttention)."""
-    return FusedLinearAttention.apply(eps, *inputs)
+    qkv (N, L, 3, H, E) holding the three (see FusedLinearAttention); mapped: on features q, k."""
+    return FusedLinearAttention.apply(eps, mapped, *inputs)

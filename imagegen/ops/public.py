@@ -72,11 +72,14 @@ def mapped_linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
     """The model's causal linear attention on features q, k (N, H, L, F) of any feature map
     (applied by the caller, whose autograd then carries the gradient through it) and v (N, H, L, M)
     -> (N, H, L, M). impl "kernel" (which "auto" picks on the CPU, by the rule of `choose_impl`)
-    runs the compiled numerator kernel on [v, 1] and divides (the fused kernel applies elu + 1
-    inside, so it cannot serve); "triton" (which "auto" picks on CUDA where it works) runs the
-    Triton kernels with phi the identity (F, M <= 128); other impls as in `causal_linear_attention`."""
+    runs the fused CPU kernel with phi the identity (any F, M; float32, float64, bfloat16 as they
+    come); on CUDA the compiled numerator on [v, 1] and a division. "triton" (which "auto" picks on
+    CUDA where it works) runs the Triton kernels with phi the identity (F, M <= 128); other impls as
+    in `causal_linear_attention`."""
     with torch.autocast(q.device.type, enabled=False):
         impl = resolve_impl(q, k, v, impl, chunk_size, fused=True)
+        if impl == "kernel" and q.device.type == "cpu":
+            return linear_attention_kernel(q, k, v, eps=eps, mapped=True)
         if impl == "triton":
             return linear_attention_triton(q, k, v, eps=eps, mapped=True)
         dtype = compute_dtype(q)

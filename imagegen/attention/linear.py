@@ -4,8 +4,8 @@ gate (random feature attention, Peng et al. 2021).
 
 Causal forward: with elu + 1 and no gate, through `imagegen.ops.linear_attention_qkv` (fused
 CPU kernel, Triton on CUDA, or chunked), which applies phi itself; with another map the features
-are computed here in PyTorch (float32) and go to `ops.mapped_linear_attention` (the CPU's
-numerator kernel, Triton with phi the identity, or chunked); with a gate to
+are computed here in PyTorch (float32) and go to `ops.mapped_linear_attention` (the fused CPU
+kernel or Triton, either with phi the identity, or chunked); with a gate to
 `ops.gated_linear_attention` (chunked form carrying the decay). As an RNN, each step updates
 S = sum phi(k) v^T (F x M) and Z = sum phi(k) (F) and reads them with phi(q); gated,
 S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T and the same for Z, g_t in (0, 1) per head: one

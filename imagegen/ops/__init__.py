@@ -9,7 +9,8 @@ impl names:
   "cumsum"     cumulative sum of k v^T outer products, O(L E M) memory
   "chunked"    masked products inside chunks + carried state (pure PyTorch, any device)
   "kernel"     compiled recurrent kernel of csrc/ (CPU: float32/64, bfloat16; CUDA: float32/16, bfloat16);
-               on the CPU `linear_attention` runs it fused with phi and the normalisation.
+               on the CPU `linear_attention` runs it fused with phi and the normalisation, and
+               `mapped_linear_attention` the same with phi the identity.
                On CUDA only when asked for: compile-checked in CI (csrc/compile_check.sh), run on one GPU (docs/gpu.md)
   "triton"     `linear_attention` only: the fused chunked Triton kernels of triton_linear.py (CUDA;
                CPU tensors under Triton's interpreter, for tests)

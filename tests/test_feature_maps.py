@@ -158,6 +158,18 @@ def test_features_positive_where_promised(name):
         assert (f < 0).any(), "rff promises no positivity, and has negative features"
 
 
+def test_favor_forward_is_its_definition():
+    """Favor's forward (one addmm and an exp in place) equals `features(x E^-1/4)`, the estimator as
+    written, in float64 with gradients, on a strided view as the model's projection gives."""
+    torch.manual_seed(0)
+    phi = make_feature_map("favor", 4, 8, n_features=24).double()
+    x = torch.randn(2, 30, 3, 4, 8, dtype=torch.float64)[:, :, 1].transpose(1, 2).requires_grad_()  # (N, H, L, E)
+    got, want = phi(x), phi.features(x * 8 ** -0.25)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(*(torch.autograd.grad(y, x, g)[0] for y in (got, want)), rtol=1e-12, atol=1e-12)
+
+
 def test_favor_draw_is_orthogonal_in_blocks_with_gaussian_norms():
     w = orthogonal_gaussian(20, 8, torch.Generator().manual_seed(0))          # blocks of 8, 8, 4 rows
     for block in (w[:8], w[8:16], w[16:]):
@@ -192,12 +204,18 @@ def test_random_maps_estimate_the_softmax_kernel_without_bias(name):
 
 
 def test_favor_forward_estimates_scaled_dot_product_kernel():
-    """The attention's favor map is the estimator on x / E^(1/4): phi(q) . phi(k) ~ exp(q . k / sqrt(E))."""
+    """The attention's favor map is the estimator on x / E^(1/4): phi(q) . phi(k) ~ exp(q . k / sqrt(E)),
+    here 1.33, where exp(q . k) would be 2.34 times that. The mean over 32 seeded draws (one draw of 4,096
+    features strays up to 40% at these norms, so a test on one draw of the global generator passed or
+    failed with the tests run before it)."""
     E, gen = 16, torch.Generator().manual_seed(3)
     q, k = (torch.randn(1, 1, 1, E, generator=gen, dtype=torch.float64) * 0.8 for _ in range(2))
     phi = make_feature_map("favor", 1, E, n_features=4096).double()
-    got = (phi(q) * phi(k)).sum().item()
-    assert abs(got / math.exp((q * k).sum().item() / math.sqrt(E)) - 1) < 0.05
+    estimates = []
+    for seed in range(32):
+        phi.omega.copy_(phi.draw(torch.Generator().manual_seed(seed)))
+        estimates.append((phi(q) * phi(k)).sum().item())
+    assert abs(sum(estimates) / 32 / math.exp((q * k).sum().item() / math.sqrt(E)) - 1) < 0.15
 
 
 # ---------------------------------------------------------------- the gate

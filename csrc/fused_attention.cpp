@@ -283,9 +283,7 @@ int64_t attention_scratch(int64_t L, int64_t E, int64_t M) {  // backward (forwa
 }
 
 // Entry points per storage type (f32, f64, bf16), cloned as above. Each has a copy compiled for
-// E = M = kHeadDim, every preset's head size (d_model / n_heads), whose row loops have fixed counts,
-// and one for mapped features (phi the identity).
-constexpr int64_t kHeadDim = 32;
+// E = M = kHeadDim (vec.h), whose row loops have fixed counts, and one for mapped features (phi the identity).
 #define ATTENTION_ENTRY_POINTS(S, suffix)                                                                    \
   CP_MULTIVERSION void attention_forward_##suffix(Rows<const S> q, Rows<const S> k, Rows<const S> v,        \
                                                   Rows<S> out, compute_t<S>* inv, int64_t L, int64_t E,     \

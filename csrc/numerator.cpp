@@ -7,8 +7,8 @@
 // which carries the D x C state S = sum_j b_j c_j^T through time and reads out_t = S^T a_t:
 //   forward   out    = causal_dot(q, k, v)           S  = sum_{j<=t} k_j v_j^T   (E x M)
 //   backward  grad_q = causal_dot(g, v, k)           S  = sum_{j<=t} v_j k_j^T   forward sweep
-//             grad_v = causal_dot(k, q, g, reverse)  S' = sum_{j>=t} q_j g_j^T   reverse sweep
-//             grad_k = causal_dot(v, g, q, reverse)  S'^T                        reverse sweep
+//             grad_v = causal_dot(k, q, g, reverse)  S' = sum_{j>=t} q_j g_j^T   one reverse sweep
+//             grad_k = causal_dot(v, g, q, reverse)  S'^T                        for both (reverse_grads)
 // (grad_q_t = S_t g_t, grad_k_t = S'_t v_t, grad_v_t = S'_t^T k_t; keeping S'^T for grad_k
 // turns its read-out into row accumulations like the others, with no horizontal sums.)
 // Parallel over N * H; memory O(L (E + M)) plus one state per thread, never L x E x M.
@@ -39,10 +39,11 @@ int64_t scratch_size(int64_t D, int64_t C) { return (D + 2 * kSteps) * padded<T>
 // out_t = sum_{j<=t} (a_t . b_j) c_j (reverse: j >= t) for one (n, h) pair, kSteps steps per pass
 // over the state. a, b (L, D); c, out (L, C); work: scratch_size<T>(D, C) values. stream: write out
 // with stream_row (the backward's gradients).
-template <typename T>
+template <typename T, int64_t K>
 inline __attribute__((always_inline)) void causal_dot_head(
     const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c, T* __restrict__ out,
-    T* __restrict__ work, int64_t L, int64_t D, int64_t C, bool reverse, bool stream) {
+    T* __restrict__ work, int64_t L, int64_t D_, int64_t C_, bool reverse, bool stream) {
+  const int64_t D = K ? K : D_, C = K ? K : C_;  // K: D = C known when compiled (vec.h's kHeadDim)
   const int64_t Cp = padded<T>(C);
   T* S = work;                    // (D, Cp) state; the padding columns stay zero
   T* c_rows = S + D * Cp;         // (kSteps, Cp) c_t, zero-padded
@@ -67,13 +68,64 @@ inline __attribute__((always_inline)) void causal_dot_head(
   if (stream) stream_fence();
 }
 
+// grad_v and grad_k of one (n, h) pair in one reverse sweep (two sweeps read the rows twice and took
+// 1.2x as long): the states S' = sum_{j>=t} q_j g_j^T (E, Mp) and S'^T (M, Ep) advanced from the same
+// kSteps rows at a time, grad_v_t = S'_t^T k_t, grad_k_t = S'_t v_t, both streamed out. q, k (L, E);
+// v, g (L, M); work: reverse_scratch<T>(E, M) values.
+template <typename T>
+int64_t reverse_scratch(int64_t E, int64_t M) { return (E + 2 * kSteps) * padded<T>(M) + (M + 2 * kSteps) * padded<T>(E); }
+
+template <typename T, int64_t D>
+inline __attribute__((always_inline)) void reverse_grads_head(const T* __restrict__ q, const T* __restrict__ k,
+                                                              const T* __restrict__ v, const T* __restrict__ g,
+                                                              T* __restrict__ gk, T* __restrict__ gv,
+                                                              T* __restrict__ work, int64_t L, int64_t E_, int64_t M_) {
+  const int64_t E = D ? D : E_, M = D ? D : M_;  // D: E = M known when compiled
+  const int64_t Ep = padded<T>(E), Mp = padded<T>(M);
+  T *S = work, *St = S + E * Mp;                               // S' (E, Mp), S'^T (M, Ep)
+  T *g_rows = St + M * Ep, *gv_rows = g_rows + kSteps * Mp;     // (kSteps, Mp) each: g_t, grad_v_t
+  T *q_rows = gv_rows + kSteps * Mp, *gk_rows = q_rows + kSteps * Ep;  // (kSteps, Ep) each: q_t, grad_k_t
+  std::fill(work, work + reverse_scratch<T>(E, M), T(0));
+  const T *q_s[kSteps], *k_s[kSteps], *v_s[kSteps], *g_s[kSteps], *qp_s[kSteps], *gp_s[kSteps];
+  T *gv_s[kSteps], *gk_s[kSteps];
+  for (int64_t s0 = 0; s0 < L; s0 += kSteps) {
+    const int n = static_cast<int>(smaller(kSteps, L - s0));
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = L - 1 - (s0 + s);
+      q_s[s] = q + t * E, k_s[s] = k + t * E, v_s[s] = v + t * M, g_s[s] = g + t * M;
+      qp_s[s] = q_rows + s * Ep, gp_s[s] = g_rows + s * Mp, gv_s[s] = gv_rows + s * Mp, gk_s[s] = gk_rows + s * Ep;
+      copy_row(g_s[s], g_rows + s * Mp, M);
+      copy_row(q_s[s], q_rows + s * Ep, E);
+    }
+    update_and_read(S, q_s, gp_s, k_s, gv_s, n, E, Mp);   // S' += q_t g_t^T; grad_v_t = S'^T k_t
+    update_and_read(St, g_s, qp_s, v_s, gk_s, n, M, Ep);  // S'^T += g_t q_t^T; grad_k_t = S' v_t
+    for (int s = 0; s < n; ++s) {
+      const int64_t t = L - 1 - (s0 + s);
+      stream_row(gv_s[s], gv + t * M, M);
+      stream_row(gk_s[s], gk + t * E, E);
+    }
+  }
+  stream_fence();
+}
+
+CP_MULTIVERSION void reverse_grads_f32(const float* q, const float* k, const float* v, const float* g, float* gk,
+                                       float* gv, float* work, int64_t L, int64_t E, int64_t M) {
+  if (E == kHeadDim && M == kHeadDim) reverse_grads_head<float, kHeadDim>(q, k, v, g, gk, gv, work, L, E, M);
+  else reverse_grads_head<float, 0>(q, k, v, g, gk, gv, work, L, E, M);
+}
+CP_MULTIVERSION void reverse_grads_f64(const double* q, const double* k, const double* v, const double* g, double* gk,
+                                       double* gv, double* work, int64_t L, int64_t E, int64_t M) {
+  reverse_grads_head<double, 0>(q, k, v, g, gk, gv, work, L, E, M);
+}
+
 CP_MULTIVERSION void causal_dot_f32(const float* a, const float* b, const float* c, float* out, float* work,
                                     int64_t L, int64_t D, int64_t C, bool reverse, bool stream) {
-  causal_dot_head<float>(a, b, c, out, work, L, D, C, reverse, stream);
+  if (D == kHeadDim && C == kHeadDim) causal_dot_head<float, kHeadDim>(a, b, c, out, work, L, D, C, reverse, stream);
+  else causal_dot_head<float, 0>(a, b, c, out, work, L, D, C, reverse, stream);
 }
 CP_MULTIVERSION void causal_dot_f64(const double* a, const double* b, const double* c, double* out, double* work,
                                     int64_t L, int64_t D, int64_t C, bool reverse, bool stream) {
-  causal_dot_head<double>(a, b, c, out, work, L, D, C, reverse, stream);
+  causal_dot_head<double, 0>(a, b, c, out, work, L, D, C, reverse, stream);
 }
 
 template <typename T>
@@ -81,6 +133,13 @@ void causal_dot(const T* a, const T* b, const T* c, T* out, T* work, int64_t L, 
                 bool stream = false) {
   if constexpr (std::is_same_v<T, float>) causal_dot_f32(a, b, c, out, work, L, D, C, reverse, stream);
   else causal_dot_f64(a, b, c, out, work, L, D, C, reverse, stream);
+}
+
+template <typename T>
+void reverse_grads(const T* q, const T* k, const T* v, const T* g, T* gk, T* gv, T* work, int64_t L, int64_t E,
+                   int64_t M) {
+  if constexpr (std::is_same_v<T, float>) reverse_grads_f32(q, k, v, g, gk, gv, work, L, E, M);
+  else reverse_grads_f64(q, k, v, g, gk, gv, work, L, E, M);
 }
 }  // namespace
 
@@ -125,12 +184,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
                    *gp = g.data_ptr<scalar_t>();
     scalar_t *gqp = gq.data_ptr<scalar_t>(), *gkp = gk.data_ptr<scalar_t>(), *gvp = gv.data_ptr<scalar_t>();
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
-      Scratch<scalar_t> work(std::max(scratch_size<scalar_t>(E, M), scratch_size<scalar_t>(M, E)));
+      Scratch<scalar_t> work(std::max(scratch_size<scalar_t>(M, E), reverse_scratch<scalar_t>(E, M)));
       for (int64_t i = begin; i < end; ++i) {
         const scalar_t *q_i = qp + i * L * E, *k_i = kp + i * L * E, *v_i = vp + i * L * M, *g_i = gp + i * L * M;
         causal_dot(g_i, v_i, k_i, gqp + i * L * E, work.data(), L, M, E, false, true);  // grad_q (L, E)
-        causal_dot(v_i, g_i, q_i, gkp + i * L * E, work.data(), L, M, E, true, true);   // grad_k (L, E)
-        causal_dot(k_i, q_i, g_i, gvp + i * L * M, work.data(), L, E, M, true, true);   // grad_v (L, M)
+        reverse_grads(q_i, k_i, v_i, g_i, gkp + i * L * E, gvp + i * L * M, work.data(), L, E, M);  // grad_k, grad_v
       }
     });
   });

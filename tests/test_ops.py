@@ -69,8 +69,11 @@ def test_kernel_gradcheck(cpu_kernel):
     assert torch.autograd.gradcheck(kernels.causal_product_kernel, (q, k, v))
 
 
-def test_kernel_float32_close_to_float64(cpu_kernel):
-    q, k, v = make_qkv(2, 2, 300, 32, 33)
+@pytest.mark.parametrize("L, M", [(300, 33), (133, 32)])
+def test_kernel_float32_close_to_float64(L, M, cpu_kernel):
+    """float32 against the float64 reference; M = E = 32 runs the sweeps' copy compiled for that size
+    (forward, and the backward's two sweeps), L = 133 ends on a partial group of steps."""
+    q, k, v = make_qkv(2, 2, L, 32, M)
     got = out_and_grads(lambda *t: ops.causal_product(*t, impl="kernel"), *(t.float() for t in (q, k, v)))
     assert got[0].dtype == torch.float32
     assert_close_all(got, out_and_grads(causal_product_reference, q, k, v), rtol=1e-4, atol=1e-3)

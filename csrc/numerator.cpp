@@ -7,8 +7,8 @@
 // which carries the D x C state S = sum_j b_j c_j^T through time and reads out_t = S^T a_t:
 //   forward   out    = causal_dot(q, k, v)           S  = sum_{j<=t} k_j v_j^T   (E x M)
 //   backward  grad_q = causal_dot(g, v, k)           S  = sum_{j<=t} v_j k_j^T   forward sweep
-//             grad_v = causal_dot(k, q, g, reverse)  S' = sum_{j>=t} q_j g_j^T   one reverse sweep
-//             grad_k = causal_dot(v, g, q, reverse)  S'^T                        for both (reverse_grads)
+//             grad_v = the reverse dot (k, q, g)     S' = sum_{j>=t} q_j g_j^T   one reverse sweep
+//             grad_k = the reverse dot (v, g, q)     S'^T                        for both (reverse_grads)
 // (grad_q_t = S_t g_t, grad_k_t = S'_t v_t, grad_v_t = S'_t^T k_t; keeping S'^T for grad_k
 // turns its read-out into row accumulations like the others, with no horizontal sums.)
 // Parallel over N * H; memory O(L (E + M)) plus one state per thread, never L x E x M.
@@ -36,13 +36,13 @@ namespace {
 template <typename T>
 int64_t scratch_size(int64_t D, int64_t C) { return (D + 2 * kSteps) * padded<T>(C); }
 
-// out_t = sum_{j<=t} (a_t . b_j) c_j (reverse: j >= t) for one (n, h) pair, kSteps steps per pass
-// over the state. a, b (L, D); c, out (L, C); work: scratch_size<T>(D, C) values. stream: write out
-// with stream_row (the backward's gradients).
+// out_t = sum_{j<=t} (a_t . b_j) c_j for one (n, h) pair, kSteps steps per pass over the state.
+// a, b (L, D); c, out (L, C); work: scratch_size<T>(D, C) values. stream: write out with stream_row
+// (the backward's gradients).
 template <typename T, int64_t K>
 inline __attribute__((always_inline)) void causal_dot_head(
     const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c, T* __restrict__ out,
-    T* __restrict__ work, int64_t L, int64_t D_, int64_t C_, bool reverse, bool stream) {
+    T* __restrict__ work, int64_t L, int64_t D_, int64_t C_, bool stream) {
   const int64_t D = K ? K : D_, C = K ? K : C_;  // K: D = C known when compiled (vec.h's kHeadDim)
   const int64_t Cp = padded<T>(C);
   T* S = work;                    // (D, Cp) state; the padding columns stay zero
@@ -54,7 +54,7 @@ inline __attribute__((always_inline)) void causal_dot_head(
   for (int64_t s0 = 0; s0 < L; s0 += kSteps) {
     const int n = static_cast<int>(smaller(kSteps, L - s0));
     for (int s = 0; s < n; ++s) {
-      const int64_t t = reverse ? L - 1 - (s0 + s) : s0 + s;
+      const int64_t t = s0 + s;
       a_s[s] = a + t * D, b_s[s] = b + t * D, c_s[s] = c_rows + s * Cp, o_s[s] = o_rows + s * Cp;
       out_s[s] = out + t * C;
       copy_row(c + t * C, c_rows + s * Cp, C);
@@ -68,8 +68,8 @@ inline __attribute__((always_inline)) void causal_dot_head(
   if (stream) stream_fence();
 }
 
-// grad_v and grad_k of one (n, h) pair in one reverse sweep (two sweeps read the rows twice and took
-// 1.2x as long): the states S' = sum_{j>=t} q_j g_j^T (E, Mp) and S'^T (M, Ep) advanced from the same
+// grad_v and grad_k of one (n, h) pair in one reverse sweep (two sweeps, one each, read the rows twice:
+// the backward 1.02-1.05x slower on AMD EPYC family 25 model 17): the states S' = sum_{j>=t} q_j g_j^T (E, Mp) and S'^T (M, Ep) advanced from the same
 // kSteps rows at a time, grad_v_t = S'_t^T k_t, grad_k_t = S'_t v_t, both streamed out. q, k (L, E);
 // v, g (L, M); work: reverse_scratch<T>(E, M) values.
 template <typename T>
@@ -119,20 +119,20 @@ CP_MULTIVERSION void reverse_grads_f64(const double* q, const double* k, const d
 }
 
 CP_MULTIVERSION void causal_dot_f32(const float* a, const float* b, const float* c, float* out, float* work,
-                                    int64_t L, int64_t D, int64_t C, bool reverse, bool stream) {
-  if (D == kHeadDim && C == kHeadDim) causal_dot_head<float, kHeadDim>(a, b, c, out, work, L, D, C, reverse, stream);
-  else causal_dot_head<float, 0>(a, b, c, out, work, L, D, C, reverse, stream);
+                                    int64_t L, int64_t D, int64_t C, bool stream) {
+  if (D == kHeadDim && C == kHeadDim) causal_dot_head<float, kHeadDim>(a, b, c, out, work, L, D, C, stream);
+  else causal_dot_head<float, 0>(a, b, c, out, work, L, D, C, stream);
 }
 CP_MULTIVERSION void causal_dot_f64(const double* a, const double* b, const double* c, double* out, double* work,
-                                    int64_t L, int64_t D, int64_t C, bool reverse, bool stream) {
-  causal_dot_head<double, 0>(a, b, c, out, work, L, D, C, reverse, stream);
+                                    int64_t L, int64_t D, int64_t C, bool stream) {
+  causal_dot_head<double, 0>(a, b, c, out, work, L, D, C, stream);
 }
 
 template <typename T>
-void causal_dot(const T* a, const T* b, const T* c, T* out, T* work, int64_t L, int64_t D, int64_t C, bool reverse,
+void causal_dot(const T* a, const T* b, const T* c, T* out, T* work, int64_t L, int64_t D, int64_t C,
                 bool stream = false) {
-  if constexpr (std::is_same_v<T, float>) causal_dot_f32(a, b, c, out, work, L, D, C, reverse, stream);
-  else causal_dot_f64(a, b, c, out, work, L, D, C, reverse, stream);
+  if constexpr (std::is_same_v<T, float>) causal_dot_f32(a, b, c, out, work, L, D, C, stream);
+  else causal_dot_f64(a, b, c, out, work, L, D, C, stream);
 }
 
 template <typename T>
@@ -158,7 +158,7 @@ at::Tensor causal_product_forward(at::Tensor q, at::Tensor k, at::Tensor v) {
     at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
       Scratch<scalar_t> work(scratch_size<scalar_t>(E, M));
       for (int64_t i = begin; i < end; ++i)
-        causal_dot(qp + i * L * E, kp + i * L * E, vp + i * L * M, op + i * L * M, work.data(), L, E, M, false);
+        causal_dot(qp + i * L * E, kp + i * L * E, vp + i * L * M, op + i * L * M, work.data(), L, E, M);
     });
   });
   return out;
@@ -187,7 +187,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_product_backward(
       Scratch<scalar_t> work(std::max(scratch_size<scalar_t>(M, E), reverse_scratch<scalar_t>(E, M)));
       for (int64_t i = begin; i < end; ++i) {
         const scalar_t *q_i = qp + i * L * E, *k_i = kp + i * L * E, *v_i = vp + i * L * M, *g_i = gp + i * L * M;
-        causal_dot(g_i, v_i, k_i, gqp + i * L * E, work.data(), L, M, E, false, true);  // grad_q (L, E)
+        causal_dot(g_i, v_i, k_i, gqp + i * L * E, work.data(), L, M, E, true);  // grad_q (L, E)
         reverse_grads(q_i, k_i, v_i, g_i, gkp + i * L * E, gvp + i * L * M, work.data(), L, E, M);  // grad_k, grad_v
       }
     });

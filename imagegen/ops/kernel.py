@@ -3,7 +3,8 @@
 `causal_product_kernel(q, k, v)` computes the same numerator as the pure-PyTorch forms,
 V'_i = sum_{j<=i} (q_i . k_j) v_j for q, k (N, H, L, E) and v (N, H, L, M), with the
 recurrent forward and the constant-memory backward of Algorithm 1; `linear_attention_kernel`
-the model's whole attention (phi, numerator and normaliser) fused on the CPU.
+the model's whole attention (phi, numerator and normaliser) fused on the CPU, or (mapped) the same on
+features of another map.
 """
 import torch
 from torch.autograd.function import once_differentiable

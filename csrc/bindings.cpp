@@ -41,9 +41,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the form of decode_linear_int8 that auto takes here: IMAGEGEN_INT8_FORM, else the best this CPU runs");
   m.def("decode_int8_forms", &decode_int8_forms, "the forms of decode_linear_int8 this CPU runs, best first");
   m.def("decode_panel_width", &decode_panel_width, "the columns per panel of decode_linear's float32 panels");
-  m.def("decode_step", &decode_step_cpu,
-        "decode_step(h, layers, head, n_heads, ln_eps, eps) -> params: one position of a linear PixelTransformer; "
-        "layers: per block the tensors named by decode_layer_weights, head: those named by decode_head_weights");
+  m.def("decode_step", &decode_step_cpu, pybind11::arg("h"), pybind11::arg("layers"), pybind11::arg("head"),
+        pybind11::arg("n_heads"), pybind11::arg("ln_eps"), pybind11::arg("eps"), pybind11::arg("features") = "elu",
+        "decode_step(h, layers, head, n_heads, ln_eps, eps, features='elu') -> params: one position of a linear "
+        "PixelTransformer; layers: per block the tensors named by decode_layer_weights, head: those named by "
+        "decode_head_weights; features: the blocks' feature map (elu, relu or favor)");
   m.def("mixture_probs", &mixture_probs,
         "mixture_probs(params) -> p (N, 256): the discretized logistic mixture of params (N, 3K) float32, as "
         "imagegen.model.heads.LogisticMixture.probs");

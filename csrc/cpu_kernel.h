@@ -51,7 +51,8 @@ void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
 // dtype, bfloat16 for bfloat16 decoding (prepacked for oneDNN at larger batches: see packed_linear),
 // or int8 weights in int8_linear.cpp's step form with float32 biases (int8 decoding, 1-4 rows);
 // the LayerNorms' are in the parameters' dtype; state is the block's fused attention state
-// (attention_state), advanced in place.
+// (attention_state), advanced in place; features: what the block's feature map reads (favor's
+// draw omega (E, F); an empty tensor for elu, which the attention applies, and relu).
 #define DECODE_LAYER_WEIGHTS(X)                     \
   X(ln1_weight) X(ln1_bias)   /* LayerNorm 1 */       \
   X(qkv_weight) X(qkv_bias)   /* q, k, v projection */ \
@@ -59,7 +60,7 @@ void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
   X(ln2_weight) X(ln2_bias)   /* LayerNorm 2 */       \
   X(ff1_weight) X(ff1_bias)   /* feed-forward in */   \
   X(ff2_weight) X(ff2_bias)   /* feed-forward out */  \
-  X(state)
+  X(state) X(features)
 #define DECODE_HEAD_WEIGHTS(X) X(ln_f_weight) X(ln_f_bias) X(proj_weight) X(proj_bias)
 
 #define DECODE_ENUM_ITEM(name) name,
@@ -82,7 +83,8 @@ static_assert(std::size(DecodeLayer::names) == DecodeLayer::count && std::size(D
 at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b);
 int64_t decode_panel_width();
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
-                           const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps);
+                           const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps,
+                           const std::string& features = "elu");
 // torch's exact GELU of x in place (float32: gelu.h's vector form, within 2.6e-7 of it) -> x
 at::Tensor gelu_in_place(at::Tensor x);
 

@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/layer_norm.h>
+#include <ATen/ops/relu.h>
 #include <c10/util/BFloat16.h>
 
 #include "cpu_kernel.h"
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -191,6 +193,22 @@ CP_MULTIVERSION void gelu_values(float* x, int64_t n) {
 }
 }  // namespace
 
+// The features of q or k (N, H, 1, E), views of the projection, for a block whose map is not elu (which the
+// fused attention applies itself): "relu", or "favor" with its draw omega (E, F), by the ops of
+// imagegen/attention/feature_maps.py's Relu and Favor.forward in their order -> (N, H, 1, F) in x's dtype,
+// float32 for bfloat16 (the module's step computes features so).
+at::Tensor step_features(const at::Tensor& x, const std::string& map, const at::Tensor& omega) {
+  const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  if (map == "relu") return at::relu(xf);
+  TORCH_CHECK(map == "favor" && omega.dim() == 2 && omega.size(0) == x.size(-1),
+              "decode_step: features must be elu, relu or favor (with its draw omega, (E, F)), not ", map);
+  const int64_t E = x.size(-1), F = omega.size(1);
+  const double c = std::pow(static_cast<double>(E), -0.25);
+  const auto rows = xf.reshape({-1, E});
+  const auto b = rows.mul(rows).sum(-1, true).mul(-0.5 * c * c).sub(0.5 * std::log(static_cast<double>(F)));
+  return at::addmm(b, rows, omega.to(xf.scalar_type()).mul(c)).exp_().view({x.size(0), x.size(1), x.size(2), F});
+}
+
 // torch's exact GELU (approximate='none') of x in place: contiguous float32 CPU x through gelu_values
 // (gelu.h: within 2.6e-7 of the exact value, 1.3-1.5x faster than torch's), rows split over threads;
 // other x through at::gelu_. -> x.
@@ -290,14 +308,16 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
 // q, k, v projection, output projection, LayerNorm 2, feed-forward in and out, decoding state),
 // Dense weights stored (in, out), prepacked for oneDNN (see packed_linear) or in panels (see
 // panel_linear). head: the DecodeHead tensors (LayerNorm, projection). -> distribution parameters
-// (N, P); the states advance in place.
+// (N, P); the states advance in place. features: the blocks' feature map, "elu" (the model's; the
+// attention applies it), or "relu" or "favor" (step_features, then the attention with phi the identity).
 // With h float32 and the products float32 or bfloat16 (bfloat16 decoding: the blocks' Dense weights
 // bfloat16), each block output (in the products' dtype) is added to h and the next LayerNorm computed
 // in one pass (add_layer_norm_rows), its output in the products' dtype; with bfloat16 the attention
 // reads bfloat16 q, k, v into its float32 state. Other dtypes (float64, the tests' reference) run
 // torch's add, LayerNorm and addmm.
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
-                           const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps) {
+                           const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps,
+                           const std::string& features) {
   using Layer = DecodeLayer;
   using Head = DecodeHead;
   TORCH_CHECK(h.dim() == 2 && head.size() == Head::count && n_heads > 0 && h.size(1) % n_heads == 0 &&
@@ -323,11 +343,15 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
                   "decode_step: every block's Dense weights must share one dtype (int8 may mix with float32 and "
                   "bfloat16), and their biases too");
     }
+  const bool mapped = features != "elu";
   auto attention = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {  // LayerNorm'd x -> (N, D)
     auto qkv = decode_linear(x, w[Layer::qkv_weight], w[Layer::qkv_bias]).view({N, 3, n_heads, 1, E});
-    return std::get<0>(attention_forward_cpu(qkv.select(1, 0), qkv.select(1, 1), qkv.select(1, 2), eps,
-                                             w[Layer::state]))
-        .reshape({N, D});
+    auto q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);
+    if (mapped) {  // the features, and v in their dtype, as the module's step has them
+      q = step_features(q, features, w[Layer::features]), k = step_features(k, features, w[Layer::features]);
+      v = v.to(q.scalar_type());
+    }
+    return std::get<0>(attention_forward_cpu(q, k, v, eps, w[Layer::state], mapped)).reshape({N, D});
   };
   if (h.scalar_type() == at::kFloat && (dtype == at::kBFloat16 || dtype == at::kFloat)) {
     h = h.contiguous().clone();                     // the float32 residual stream, updated in place

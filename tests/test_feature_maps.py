@@ -127,19 +127,55 @@ def test_module_matches_float64_reference_with_gradients(name, gate):
     close((out, *got), (want_out, *want), 2e-4)
 
 
-def test_whole_model_steps_through_the_module_loop_for_other_maps():
-    """The one-call C++ decoding step serves elu only; other maps step layer by layer, == forward."""
+@pytest.mark.parametrize("options, one_call", [({"feature_map": "relu"}, True),
+                                              ({"feature_map": "favor", "n_features": 16}, True),
+                                              ({"feature_map": "rff"}, False),
+                                              ({"feature_map": "favor", "n_features": 16, "gate": "head"}, False),
+                                              ({"feature_map": "rff", "gate": "input"}, False)])
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
+def test_whole_model_steps_equal_forward_for_other_maps(options, one_call, dtype, tol, cpu_kernel):
+    """Ungated relu and favor decode in the one-call C++ step (the features by step_features, the fused
+    kernel with phi the identity); rff and gated maps step layer by layer. Either equals the forward,
+    and the one-call step equals the module loop on the same draws."""
     info = dataset_info("mnist")
     cfg = {"attention": "linear", "n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "head": "categorical"}
-    for options in ({"feature_map": "favor", "n_features": 16}, {"feature_map": "rff", "gate": "input"}):
-        torch.manual_seed(0)
-        model = build_model({**cfg, "attention_options": options}, info).double().eval()
-        x = torch.randint(0, 256, (2, 30), dtype=torch.uint8)
-        state = model.init_state(2, "cpu")
-        assert state.kernel is None
-        tokens = torch.cat([torch.full((2, 1), 256), x[:, :-1].long()], 1)
-        steps = torch.stack([model.step(tokens[:, t], state)[0] for t in range(30)], 1)
-        torch.testing.assert_close(steps, model(x), atol=1e-9, rtol=0)
+    torch.manual_seed(0)
+    model = build_model({**cfg, "attention_options": options}, info).to(dtype).eval()
+    x = torch.randint(0, 256, (2, 30), dtype=torch.uint8)
+    tokens = torch.cat([torch.full((2, 1), 256), x[:, :-1].long()], 1)
+    runs = []
+    for whole_model_kernel in (True, False):
+        state = model.init_state(2, "cpu", whole_model_kernel=whole_model_kernel)
+        assert (state.kernel is not None) == (one_call and whole_model_kernel)
+        runs.append(torch.stack([model.step(tokens[:, t], state)[0] for t in range(30)], 1))
+    with torch.no_grad():
+        torch.testing.assert_close(runs[0], model(x), atol=tol, rtol=0)
+    torch.testing.assert_close(runs[0], runs[1], atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("feature_map", ["relu", "favor"])
+def test_one_call_step_for_other_maps_in_int8_and_bfloat16(feature_map, cpu_kernel):
+    """The one-call step of a relu or favor model at int8 (the C++ int8 product, forced for both) and
+    bfloat16 products equals the module loop at the same precision (the same products; the loop's
+    LayerNorm and residual adds are torch's, the step's fused), and stays near float32."""
+    from imagegen.dtypes import INT8
+    from imagegen.ops.int8 import forced_product
+    cfg = {"attention": "linear", "n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "head": "categorical",
+           "attention_options": {"feature_map": feature_map, **({"n_features": 16} if feature_map == "favor" else {})}}
+    torch.manual_seed(0)
+    model = build_model(cfg, dataset_info("mnist")).eval()
+    tokens = torch.cat([torch.full((3, 1), 256), torch.randint(0, 256, (3, 19))], 1)
+
+    def steps(dtype, whole_model_kernel):
+        with torch.no_grad(), forced_product("kernel"):
+            state = model.init_state(3, "cpu", dtype, whole_model_kernel=whole_model_kernel)
+            assert (state.kernel is not None) == whole_model_kernel
+            return torch.stack([model.step(tokens[:, t], state)[0].float() for t in range(20)], 1)
+    want = steps(torch.float32, False)
+    for dtype, tol in ((INT8, 1e-4), (torch.bfloat16, 2e-2)):
+        one_call, loop = steps(dtype, True), steps(dtype, False)
+        torch.testing.assert_close(one_call, loop, atol=tol, rtol=0)
+        assert (one_call - want).norm() < 0.05 * want.norm()
 
 
 # ---------------------------------------------------------------- what the maps promise

@@ -72,6 +72,11 @@ class FeatureMap(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim, self.n_out = n_heads, head_dim, head_dim
 
+    def step_form(self):
+        """The map as the one-call C++ decoding step computes it (`ops.decode_step`'s features and a layer's
+        tensor for it, csrc/decode_step.cpp's step_features), or None where that step cannot (rff)."""
+        return None
+
 
 @register("elu")
 class Elu(FeatureMap):
@@ -80,6 +85,9 @@ class Elu(FeatureMap):
     def forward(self, x):
         return F.elu(x) + 1
 
+    def step_form(self):
+        return "elu", None                                   # the fused attention applies it itself
+
 
 @register("relu")
 class Relu(FeatureMap):
@@ -87,6 +95,9 @@ class Relu(FeatureMap):
 
     def forward(self, x):
         return F.relu(x)
+
+    def step_form(self):
+        return "relu", None
 
 
 class RandomMap(FeatureMap):
@@ -156,6 +167,9 @@ class Favor(RandomMap):
         c, rows = self.head_dim ** -0.25, x.reshape(-1, self.head_dim)
         b = (rows * rows).sum(-1, keepdim=True) * (-0.5 * c * c) - 0.5 * math.log(self.n_out)
         return torch.addmm(b, rows, self.omega.to(x.dtype) * c).exp_().view(*x.shape[:-1], self.n_out)
+
+    def step_form(self):
+        return "favor", self.omega
 
 
 @register("rff")

@@ -112,6 +112,11 @@ class LinearAttention(Attention):
                                            impl=self.impl)
         return self.merge(y)
 
+    def step_form(self):
+        """The feature map as the one-call C++ decoding step takes it (`FeatureMap.step_form`), or None where
+        it cannot serve this layer (a gate, or a map it does not compute)."""
+        return self.feature_map.step_form() if self.gate == "none" else None
+
     def init_state(self, batch, max_len, device, dtype):
         """A LinearState of constant size whatever max_len: the fused kernel's forms where it serves
         (no gate: "fused" for elu + 1, "mapped" for another map), else S (N*H, F, M+1) whose last column

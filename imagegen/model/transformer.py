@@ -187,8 +187,9 @@ class PixelTransformer(nn.Module):
     def init_state(self, batch, device, dtype=None, whole_model_kernel=True, labels=None):
         """Decoding state for `step`; dtype: that of the blocks' matrix products (None: the
         parameters'; bfloat16 for float32 parameters converts their weights once, here). When every
-        layer steps through the fused CPU kernel (linear attention), the whole step runs as one
-        C++ call unless whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
+        layer steps through the fused CPU kernel (linear attention, ungated, with elu, relu or favor
+        features: `LinearAttention.step_form`), the whole step runs as one C++ call unless
+        whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
         dtype dtypes.INT8 (int8 products, quantized here once): every Dense product in int8 (`ops.dense`) but
         those `Dense.int8_keeps` (the head, the first block's feed-forward input; evaluation's int8 keeps the
         same): through the C++ kernel's int8 product in the one-call C++ step where `int8_step.int8_one_call`
@@ -207,24 +208,27 @@ class PixelTransformer(nn.Module):
                               positions=self.positions(torch.arange(self.length, device=device)))
         kernel_form = dtype != INT8 or all(isinstance(w, torch.Tensor) for s in layers    # no fbgemm weight
                                            for w in (s.attn.qkv[0], s.attn.out[0], s.ff[0][0], s.ff[1][0]))
-        if whole_model_kernel and kernel_form and all(getattr(s.attn, "form", None) == "fused" for s in layers):
-            state.kernel = self.kernel_weights(layers)
+        # the one-call step: every block's attention on the fused kernel's state, with one map it computes
+        maps = [b.attn.step_form() if getattr(s.attn, "form", None) in ("fused", "mapped") else None
+                for b, s in zip(self.blocks, layers)]
+        if whole_model_kernel and kernel_form and all(maps) and len({name for name, _ in maps}) == 1:
+            state.kernel = self.kernel_weights(layers, maps)
         return state
 
-    def kernel_weights(self, layers):
+    def kernel_weights(self, layers, maps):
         """The tensors `ops.decode_step` reads, by name: per block a DecodeLayer (its weights, the
-        state's of the products' dtype, LayerNorm's the parameters; and its decoding state), and the
-        head's DecodeHead."""
+        state's of the products' dtype, LayerNorm's the parameters; its decoding state and its feature
+        map's tensor, from maps: `step_form` per block), the head's DecodeHead, and the map's name."""
         blocks = []
-        for b, s in zip(self.blocks, layers):
+        for b, s, (_, features) in zip(self.blocks, layers, maps):
             (qkv_w, qkv_b), (out_w, out_b), ((ff1_w, ff1_b), (ff2_w, ff2_b)) = s.attn.qkv, s.attn.out, s.ff
             blocks.append(DecodeLayer(ln1_weight=b.ln1.weight, ln1_bias=b.ln1.bias, qkv_weight=qkv_w, qkv_bias=qkv_b,
                                       out_weight=out_w, out_bias=out_b, ln2_weight=b.ln2.weight, ln2_bias=b.ln2.bias,
                                       ff1_weight=ff1_w, ff1_bias=ff1_b, ff2_weight=ff2_w, ff2_bias=ff2_b,
-                                      state=s.attn.S))
+                                      state=s.attn.S, features=torch.empty(0) if features is None else features))
         head = DecodeHead(ln_f_weight=self.ln_f.weight, ln_f_bias=self.ln_f.bias, proj_weight=self.proj.weight,
                           proj_bias=self.proj.bias)
-        return blocks, head
+        return blocks, head, maps[0][0]
 
     def step(self, token, state):
         """token (N,) long: the byte at position t-1 (START for t = 0) -> parameters (N, P) for x_t."""
@@ -236,8 +240,8 @@ class PixelTransformer(nn.Module):
             h = h + self.context_vectors(state.history, state.context)
         state.t += 1
         if state.kernel is not None:             # the loop below as one C++ call
-            blocks, head = state.kernel
-            return decode_step(h, blocks, head, self.blocks[0].attn.n_heads, self.ln_f.eps, EPS), state
+            blocks, head, features = state.kernel
+            return decode_step(h, blocks, head, self.blocks[0].attn.n_heads, self.ln_f.eps, EPS, features), state
         for i, block in enumerate(self.blocks):
             h, state.layers[i] = block.step(h, state.layers[i])
         h = self.ln_f(h)

@@ -26,7 +26,8 @@ class DecodeLayer(NamedTuple):
     `decode_layer_weights`; tests/test_ops.py checks that it equals these fields. The products'
     weights and biases (qkv, out, ff1, ff2) are those of the decoding state, in the products' dtype
     (`Dense.cast`: bfloat16 copies for bfloat16 decoding, prepacked for oneDNN at larger batches);
-    the LayerNorms' are the parameters; state is the block's `fused_state`, advanced in place."""
+    the LayerNorms' are the parameters; state is the block's `fused_state`, advanced in place; features
+    what its feature map reads in the step (favor's draw omega; an empty tensor for elu and relu)."""
     ln1_weight: torch.Tensor
     ln1_bias: torch.Tensor
     qkv_weight: torch.Tensor
@@ -40,6 +41,7 @@ class DecodeLayer(NamedTuple):
     ff2_weight: torch.Tensor
     ff2_bias: torch.Tensor
     state: torch.Tensor
+    features: torch.Tensor
 
 
 class DecodeHead(NamedTuple):
@@ -51,8 +53,8 @@ class DecodeHead(NamedTuple):
     proj_bias: torch.Tensor
 
 
-def decode_step(h, layers, head, n_heads, ln_eps, eps):
+def decode_step(h, layers, head, n_heads, ln_eps, eps, features="elu"):
     """One decoding position of a whole linear PixelTransformer in one C++ call (see
     `PixelTransformer.kernel_weights`): h (N, D) embedded tokens, layers a DecodeLayer per block,
-    head a DecodeHead -> parameters (N, P)."""
-    return load_kernel("cpu").decode_step(h, layers, head, n_heads, ln_eps, eps)
+    head a DecodeHead, features the blocks' feature map ("elu", "relu" or "favor") -> parameters (N, P)."""
+    return load_kernel("cpu").decode_step(h, layers, head, n_heads, ln_eps, eps, features)

@@ -39,7 +39,8 @@ from .registry import register
 class LinearState(AttentionState):
     """The running sums of one linear-attention layer, in the form its steps run:
     form "fused": S is the fused C++ kernel's own state (S and z of each of N*H heads, `ops.fused_state`);
-    form "mapped": the same for another map's features (F x M), which PyTorch computes at each step;
+    form "mapped": the same for another map's features (F x M), computed at each step by the map (in the
+        module loop) or by the one-call C++ step (relu and favor, `step_form`);
     form "triton" or "torch": S (N*H, F, M+1) with Z as its last column, stepped by Triton's kernel or
     by PyTorch's products. Float32 for bfloat16 products."""
     S: torch.Tensor

@@ -193,9 +193,9 @@ CP_MULTIVERSION void gelu_values(float* x, int64_t n) {
 }
 }  // namespace
 
-// The features of q or k (N, H, 1, E), views of the projection, for a block whose map is not elu (which the
-// fused attention applies itself): "relu", or "favor" with its draw omega (E, F), by the ops of
-// imagegen/attention/feature_maps.py's Relu and Favor.forward in their order -> (N, H, 1, F) in x's dtype,
+// The features of x (..., E), q and k together as views of the projection, for a block whose map is not elu
+// (which the fused attention applies itself): "relu", or "favor" with its draw omega (E, F), by the ops of
+// imagegen/attention/feature_maps.py's Relu and Favor.forward in their order -> (..., F) in x's dtype,
 // float32 for bfloat16 (the module's step computes features so).
 at::Tensor step_features(const at::Tensor& x, const std::string& map, const at::Tensor& omega) {
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
@@ -206,7 +206,9 @@ at::Tensor step_features(const at::Tensor& x, const std::string& map, const at::
   const double c = std::pow(static_cast<double>(E), -0.25);
   const auto rows = xf.reshape({-1, E});
   const auto b = rows.mul(rows).sum(-1, true).mul(-0.5 * c * c).sub(0.5 * std::log(static_cast<double>(F)));
-  return at::addmm(b, rows, omega.to(xf.scalar_type()).mul(c)).exp_().view({x.size(0), x.size(1), x.size(2), F});
+  auto sizes = x.sizes().vec();
+  sizes.back() = F;
+  return at::addmm(b, rows, omega.to(xf.scalar_type()).mul(c)).exp_().view(sizes);
 }
 
 // torch's exact GELU (approximate='none') of x in place: contiguous float32 CPU x through gelu_values
@@ -347,9 +349,9 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
   auto attention = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {  // LayerNorm'd x -> (N, D)
     auto qkv = decode_linear(x, w[Layer::qkv_weight], w[Layer::qkv_bias]).view({N, 3, n_heads, 1, E});
     auto q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);
-    if (mapped) {  // the features, and v in their dtype, as the module's step has them
-      q = step_features(q, features, w[Layer::features]), k = step_features(k, features, w[Layer::features]);
-      v = v.to(q.scalar_type());
+    if (mapped) {  // the features of q and k in one call, and v in their dtype, as the module's step has them
+      const auto qk = step_features(qkv.narrow(1, 0, 2), features, w[Layer::features]);  // (N, 2, H, 1, F)
+      q = qk.select(1, 0), k = qk.select(1, 1), v = v.to(qk.scalar_type());
     }
     return std::get<0>(attention_forward_cpu(q, k, v, eps, w[Layer::state], mapped)).reshape({N, D});
   };

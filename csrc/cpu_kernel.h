@@ -52,7 +52,8 @@ void attention_backward_cpu(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor
 // or int8 weights in int8_linear.cpp's step form with float32 biases (int8 decoding, 1-4 rows);
 // the LayerNorms' are in the parameters' dtype; state is the block's fused attention state
 // (attention_state), advanced in place; features: what the block's feature map reads (favor's
-// draw omega (E, F); an empty tensor for elu, which the attention applies, and relu).
+// scaled draw E^-1/4 omega (E, F) in the features' dtype; an empty tensor for elu, which the attention
+// applies, and relu).
 #define DECODE_LAYER_WEIGHTS(X)                     \
   X(ln1_weight) X(ln1_bias)   /* LayerNorm 1 */       \
   X(qkv_weight) X(qkv_bias)   /* q, k, v projection */ \

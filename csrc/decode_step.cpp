@@ -194,21 +194,23 @@ CP_MULTIVERSION void gelu_values(float* x, int64_t n) {
 }  // namespace
 
 // The features of x (..., E), q and k together as views of the projection, for a block whose map is not elu
-// (which the fused attention applies itself): "relu", or "favor" with its draw omega (E, F), by the ops of
-// imagegen/attention/feature_maps.py's Relu and Favor.forward in their order -> (..., F) in x's dtype,
-// float32 for bfloat16 (the module's step computes features so).
-at::Tensor step_features(const at::Tensor& x, const std::string& map, const at::Tensor& omega) {
+// (which the fused attention applies itself): "relu", or "favor" with its scaled draw W = E^-1/4 omega (E, F,
+// Favor.scaled_draw, made once per state), by the ops of imagegen/attention/feature_maps.py's Relu and
+// Favor.forward in their order -> (..., F) in x's dtype, float32 for bfloat16 (the module's step computes
+// features so).
+at::Tensor step_features(const at::Tensor& x, const std::string& map, const at::Tensor& W) {
   const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   if (map == "relu") return at::relu(xf);
-  TORCH_CHECK(map == "favor" && omega.dim() == 2 && omega.size(0) == x.size(-1),
-              "decode_step: features must be elu, relu or favor (with its draw omega, (E, F)), not ", map);
-  const int64_t E = x.size(-1), F = omega.size(1);
+  TORCH_CHECK(map == "favor" && W.dim() == 2 && W.size(0) == x.size(-1) && W.scalar_type() == xf.scalar_type(),
+              "decode_step: features must be elu, relu or favor (with W = E^-1/4 omega, (E, F) in the features' "
+              "dtype), not ", map);
+  const int64_t E = x.size(-1), F = W.size(1);
   const double c = std::pow(static_cast<double>(E), -0.25);
   const auto rows = xf.reshape({-1, E});
   const auto b = rows.mul(rows).sum(-1, true).mul(-0.5 * c * c).sub(0.5 * std::log(static_cast<double>(F)));
   auto sizes = x.sizes().vec();
   sizes.back() = F;
-  return at::addmm(b, rows, omega.to(xf.scalar_type()).mul(c)).exp_().view(sizes);
+  return at::addmm(b, rows, W).exp_().view(sizes);
 }
 
 // torch's exact GELU (approximate='none') of x in place: contiguous float32 CPU x through gelu_values

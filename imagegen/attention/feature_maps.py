@@ -72,9 +72,10 @@ class FeatureMap(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim, self.n_out = n_heads, head_dim, head_dim
 
-    def step_form(self):
-        """The map as the one-call C++ decoding step computes it (`ops.decode_step`'s features and a layer's
-        tensor for it, csrc/decode_step.cpp's step_features), or None where that step cannot (rff)."""
+    def step_form(self, dtype):
+        """The map as the one-call C++ decoding step computes it, with features of `dtype` (`ops.decode_step`'s
+        features and a layer's tensor for it, csrc/decode_step.cpp's step_features), or None where that
+        step cannot (rff)."""
         return None
 
 
@@ -85,7 +86,7 @@ class Elu(FeatureMap):
     def forward(self, x):
         return F.elu(x) + 1
 
-    def step_form(self):
+    def step_form(self, dtype):
         return "elu", None                                   # the fused attention applies it itself
 
 
@@ -96,7 +97,7 @@ class Relu(FeatureMap):
     def forward(self, x):
         return F.relu(x)
 
-    def step_form(self):
+    def step_form(self, dtype):
         return "relu", None
 
 
@@ -166,10 +167,14 @@ class Favor(RandomMap):
         1.5x as long, forward and backward, on the CPU (docs/feature-maps.md)."""
         c, rows = self.head_dim ** -0.25, x.reshape(-1, self.head_dim)
         b = (rows * rows).sum(-1, keepdim=True) * (-0.5 * c * c) - 0.5 * math.log(self.n_out)
-        return torch.addmm(b, rows, self.omega.to(x.dtype) * c).exp_().view(*x.shape[:-1], self.n_out)
+        return torch.addmm(b, rows, self.scaled_draw(x.dtype)).exp_().view(*x.shape[:-1], self.n_out)
 
-    def step_form(self):
-        return "favor", self.omega
+    def scaled_draw(self, dtype):
+        """c w (E, F) in dtype, c = E^-1/4: what forward multiplies x by."""
+        return self.omega.to(dtype) * self.head_dim ** -0.25
+
+    def step_form(self, dtype):
+        return "favor", self.scaled_draw(dtype)                 # once per decoding state, not per step
 
 
 @register("rff")

@@ -113,10 +113,10 @@ class LinearAttention(Attention):
                                            impl=self.impl)
         return self.merge(y)
 
-    def step_form(self):
-        """The feature map as the one-call C++ decoding step takes it (`FeatureMap.step_form`), or None where
-        it cannot serve this layer (a gate, or a map it does not compute)."""
-        return self.feature_map.step_form() if self.gate == "none" else None
+    def step_form(self, dtype):
+        """The feature map as the one-call C++ decoding step takes it, features of `dtype` (`FeatureMap.step_form`),
+        or None where it cannot serve this layer (a gate, or a map it does not compute)."""
+        return self.feature_map.step_form(dtype) if self.gate == "none" else None
 
     def init_state(self, batch, max_len, device, dtype):
         """A LinearState of constant size whatever max_len: the fused kernel's forms where it serves

@@ -208,8 +208,9 @@ class PixelTransformer(nn.Module):
                               positions=self.positions(torch.arange(self.length, device=device)))
         kernel_form = dtype != INT8 or all(isinstance(w, torch.Tensor) for s in layers    # no fbgemm weight
                                            for w in (s.attn.qkv[0], s.attn.out[0], s.ff[0][0], s.ff[1][0]))
-        # the one-call step: every block's attention on the fused kernel's state, with one map it computes
-        maps = [b.attn.step_form() if getattr(s.attn, "form", None) in ("fused", "mapped") else None
+        # the one-call step: every block's attention on the fused kernel's state (features of its dtype), with
+        # one map it computes
+        maps = [b.attn.step_form(s.attn.S.dtype) if getattr(s.attn, "form", None) in ("fused", "mapped") else None
                 for b, s in zip(self.blocks, layers)]
         if whole_model_kernel and kernel_form and all(maps) and len({name for name, _ in maps}) == 1:
             state.kernel = self.kernel_weights(layers, maps)

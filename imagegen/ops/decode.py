@@ -27,7 +27,8 @@ class DecodeLayer(NamedTuple):
     weights and biases (qkv, out, ff1, ff2) are those of the decoding state, in the products' dtype
     (`Dense.cast`: bfloat16 copies for bfloat16 decoding, prepacked for oneDNN at larger batches);
     the LayerNorms' are the parameters; state is the block's `fused_state`, advanced in place; features
-    what its feature map reads in the step (favor's draw omega; an empty tensor for elu and relu)."""
+    what its feature map reads in the step (favor's scaled draw E^-1/4 omega in the features' dtype; an
+    empty tensor for elu and relu)."""
     ln1_weight: torch.Tensor
     ln1_bias: torch.Tensor
     qkv_weight: torch.Tensor

@@ -49,6 +49,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mixture_probs", &mixture_probs,
         "mixture_probs(params) -> p (N, 256): the discretized logistic mixture of params (N, 3K) float32, as "
         "imagegen.model.heads.LogisticMixture.probs");
+  m.def("guided_probs", &guided_probs,
+        "guided_probs(p_c, p_u, guidance, bound) -> p (N, 256): classifier-free guidance of float32 (N, 256) "
+        "probabilities, as imagegen.model.heads.guided_probs");
   m.def("inverse_cdf", &inverse_cdf,
         "inverse_cdf(probs, u) -> bytes (N,) uint8: for each row of probs (N, 256) float32, the first value whose "
         "running sum reaches u * the row's total, as imagegen.model.heads.sample");

@@ -5,7 +5,7 @@
 //   decode_step.cpp      one decoding position of a whole linear PixelTransformer, with its
 //                        bfloat16 products, residual add + LayerNorm and GELU (gelu.h)
 //   int8_linear.cpp      the int8 products of decoding and evaluation (AVX512-VNNI or AVX2 where the CPU has it)
-//   draw.cpp             the sampler's draw: the logistic mixture's probabilities, the inverse-CDF draw
+//   draw.cpp             the sampler's draw: the logistic mixture's probabilities, guidance, the inverse-CDF draw
 //   allocator.cpp        torch's CPU allocator replaced by one whose freed blocks malloc reuses
 // The shared vector helpers are in vec.h, the GELU's vector form in gelu.h; the shape checks shared
 // with the CUDA source in qkv_checks.h.
@@ -104,6 +104,8 @@ at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, co
 // ---- draw.cpp
 // params (N, 3K) float32 (K logits, K means, K log-scales) -> p (N, 256): LogisticMixture.probs
 at::Tensor mixture_probs(const at::Tensor& params);
+// p_c, p_u (N, 256) float32, guidance G, bound -> (N, 256): heads.guided_probs (the bound applies for G > 1)
+at::Tensor guided_probs(const at::Tensor& pc, const at::Tensor& pu, double guidance, double bound);
 // probs (N, 256), u (N) float32 -> bytes (N) uint8: the inverse-CDF draw of heads.sample
 at::Tensor inverse_cdf(const at::Tensor& probs, const at::Tensor& u);
 

@@ -94,6 +94,35 @@ inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float
 #endif
 }
 
+// log(x) for normal positive x on one sweep vector of floats (the guided draw's log-probabilities in draw.cpp;
+// callers clamp x at float32's smallest normal, 2^-126) (Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)),
+// log(m) = f - f^2/2 + f^3 P(f) for f = m - 1, P of degree 8, e ln 2 added in two parts); relative error ~1e-7.
+inline __attribute__((always_inline)) svec_t<float> log_normal(svec_t<float> x) {
+  using V = svec_t<float>;
+  vec_i32 bits;
+  __builtin_memcpy(&bits, &x, sizeof bits);
+  vec_i32 e = (bits >> 23) - 126;                            // x = m 2^e, m in [1/2, 1)
+  bits = (bits & 0x007fffff) | 0x3f000000;
+  V m;
+  __builtin_memcpy(&m, &bits, sizeof m);
+  const auto small = m < 0.70710678118654752f;              // m < sqrt(1/2): m -> 2 m, e -> e - 1
+  e = small ? e - 1 : e;
+  const V f = (small ? m + m : m) - 1.0f;
+  const V ef = __builtin_convertvector(e, V);
+  const V z = f * f;
+  V y = V{} + 7.0376836292e-2f;
+  y = y * f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z - 2.12194440e-4f * ef - 0.5f * z;
+  return f + y + 0.693359375f * ef;
+}
+
 // The state update and read-out of n consecutive steps s (in the order given):
 //   rows[r] += a[s][r] * b[s]   for r < R      (rows: R x Cp; b[s], out[s]: Cp, zero-padded)
 //   out[s]   = sum_r w[s][r] * rows[r]         (rows after step s's update)

@@ -102,12 +102,34 @@ def test_guided_probabilities_through_the_cpu_kernel_are_as_close_as_pytorchs(gu
         skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
     head, pc, pu = LogisticMixture(10), extreme_mixtures(8, 10, seed=1).float(), extreme_mixtures(8, 10, seed=2).float()
     assert torch.equal(head.probs(pu), load_kernel("cpu").mixture_probs(pu))
-    with_reference = SimpleNamespace(probs=head.probs_reference)
-    in_float64 = SimpleNamespace(probs=lambda params: head.probs_reference(params, torch.float64))
-    want = heads.guided_probs(in_float64, pc, pu, guidance)
+    want = heads.guided_probs_reference(*(head.probs_reference(x, torch.float64) for x in (pc, pu)), guidance)
     via_kernel = (heads.guided_probs(head, pc, pu, guidance).double() - want).abs().max()
-    via_reference = (heads.guided_probs(with_reference, pc, pu, guidance).double() - want).abs().max()
+    via_reference = (heads.guided_probs_reference(head.probs_reference(pc), head.probs_reference(pu), guidance).double()
+                     - want).abs().max()
     assert via_kernel <= 2 * via_reference + 1e-6
+
+
+@pytest.mark.parametrize("guidance", [0.0, 0.5, 1.5, 3.0, 6.0, 50.0])
+def test_the_cpu_kernels_guidance_is_the_references(guidance):
+    """`guided_probs` on float32 CPU rows runs the kernel's guided_probs (its own vector log and exp): as close
+    to `guided_probs_reference` in float64 as PyTorch's float32 form is, on rows with zeros, values below the
+    smallest normal float, one-hot rows and peaked and flat ones."""
+    from fixtures import skip_without_cpu_kernel
+    from imagegen.ops.build import kernel_error, load_kernel
+    if (why := kernel_error("cpu")) is not None:
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
+    g = torch.Generator().manual_seed(0)
+    pc, pu = (torch.softmax(torch.randn(40, 256, generator=g) * torch.rand(40, 1, generator=g) * 12, -1)
+              for _ in range(2))
+    pc[0, :10], pu[1, 5:20], pc[2, 3], pu[2, 4] = 0, 0, 1e-40, 1e-39
+    pc[3], pu[4], pc[5] = 1 / 256, 0, 0
+    pu[4, 7], pc[5, 200] = 1, 1
+    got = load_kernel("cpu").guided_probs(pc, pu, guidance, heads.GUIDANCE_BOUND)
+    assert torch.equal(heads.guided_probs(SimpleNamespace(probs=lambda p: p), pc, pu, guidance), got)
+    want = heads.guided_probs_reference(pc.double(), pu.double(), guidance)
+    pytorch = (heads.guided_probs_reference(pc, pu, guidance).double() - want).abs()
+    assert ((got.double() - want).abs() <= 2 * pytorch + 1e-7).all()
+    assert (got.sum(-1) - 1).abs().max() < 1e-6
 
 
 def test_the_cpu_kernels_draw_is_the_references_byte_for_byte():

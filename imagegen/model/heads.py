@@ -124,12 +124,21 @@ def guided_probs(head, params, params_uncond=None, guidance=1.0):
     G = 0 p_u). G > 1 leans further towards the class, boundedly: p_c exp((G-1) clamp(log p_c -
     log p_u, -B, B)), normalised, so no value gains more than e^((G-1)B) over p_c and a value the
     class itself finds unlikely cannot be drawn up from the tails (the unbounded p_c^G p_u^(1-G)
-    did that over hundreds of steps: streaks and speckles)."""
+    did that over hundreds of steps: streaks and speckles). Where this process has the CPU kernel loaded, its
+    `guided_probs` combines float32 CPU rows in one call (within float32 rounding of `guided_probs_reference`)."""
     p = head.probs(params)
     if params_uncond is None or guidance == 1.0:
         return p
+    p_u = head.probs(params_uncond)
+    if p.device.type == "cpu" and p.dtype == p_u.dtype == torch.float32 and (kernel := loaded_kernel("cpu")) is not None:
+        return kernel.guided_probs(p.contiguous(), p_u.contiguous(), float(guidance), GUIDANCE_BOUND)
+    return guided_probs_reference(p, p_u, guidance)
+
+
+def guided_probs_reference(p, p_u, guidance):
+    """`guided_probs` from the two branches' probabilities p, p_u (B, 256), in PyTorch (any device, dtype)."""
     tiny = torch.finfo(p.dtype).tiny
-    log_c, log_u = torch.log(p.clamp_min(tiny)), torch.log(head.probs(params_uncond).clamp_min(tiny))
+    log_c, log_u = torch.log(p.clamp_min(tiny)), torch.log(p_u.clamp_min(tiny))
     ratio = log_c - log_u
     if guidance > 1:
         ratio = ratio.clamp(-GUIDANCE_BOUND, GUIDANCE_BOUND)

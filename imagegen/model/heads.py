@@ -130,7 +130,8 @@ def guided_probs(head, params, params_uncond=None, guidance=1.0):
     if params_uncond is None or guidance == 1.0:
         return p
     p_u = head.probs(params_uncond)
-    if p.device.type == "cpu" and p.dtype == p_u.dtype == torch.float32 and (kernel := loaded_kernel("cpu")) is not None:
+    kernel = loaded_kernel("cpu") if p.device.type == "cpu" and p.dtype == p_u.dtype == torch.float32 else None
+    if kernel is not None:
         return kernel.guided_probs(p.contiguous(), p_u.contiguous(), float(guidance), GUIDANCE_BOUND)
     return guided_probs_reference(p, p_u, guidance)
 

@@ -97,6 +97,7 @@ inline __attribute__((always_inline)) svec_t<float> exp_nonpositive(svec_t<float
 // log(x) for normal positive x on one sweep vector of floats (the guided draw's log-probabilities in draw.cpp;
 // callers clamp x at float32's smallest normal, 2^-126) (Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)),
 // log(m) = f - f^2/2 + f^3 P(f) for f = m - 1, P of degree 8, e ln 2 added in two parts); relative error ~1e-7.
+// NaN stays NaN.
 inline __attribute__((always_inline)) svec_t<float> log_normal(svec_t<float> x) {
   using V = svec_t<float>;
   vec_i32 bits;
@@ -120,7 +121,8 @@ inline __attribute__((always_inline)) svec_t<float> log_normal(svec_t<float> x) 
   y = y * f - 2.4999993993e-1f;
   y = y * f + 3.3333331174e-1f;
   y = y * f * z - 2.12194440e-4f * ef - 0.5f * z;
-  return f + y + 0.693359375f * ef;
+  const V result = f + y + 0.693359375f * ef;
+  return x == x ? result : x;
 }
 
 // The state update and read-out of n consecutive steps s (in the order given):

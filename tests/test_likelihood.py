@@ -113,7 +113,7 @@ def test_guided_probabilities_through_the_cpu_kernel_are_as_close_as_pytorchs(gu
 def test_the_cpu_kernels_guidance_is_the_references(guidance):
     """`guided_probs` on float32 CPU rows runs the kernel's guided_probs (its own vector log and exp): as close
     to `guided_probs_reference` in float64 as PyTorch's float32 form is, on rows with zeros, values below the
-    smallest normal float, one-hot rows and peaked and flat ones."""
+    smallest normal float, one-hot rows and peaked and flat ones; a NaN makes its row NaN, as in PyTorch."""
     from fixtures import skip_without_cpu_kernel
     from imagegen.ops.build import kernel_error, load_kernel
     if (why := kernel_error("cpu")) is not None:
@@ -124,8 +124,12 @@ def test_the_cpu_kernels_guidance_is_the_references(guidance):
     pc[0, :10], pu[1, 5:20], pc[2, 3], pu[2, 4] = 0, 0, 1e-40, 1e-39
     pc[3], pu[4], pc[5] = 1 / 256, 0, 0
     pu[4, 7], pc[5, 200] = 1, 1
+    pc[6, 9] = float("nan")                                   # a NaN spreads over its row, as in PyTorch's softmax
     got = load_kernel("cpu").guided_probs(pc, pu, guidance, heads.GUIDANCE_BOUND)
+    assert got[6].isnan().all() and heads.guided_probs_reference(pc, pu, guidance)[6].isnan().all()
+    pc, pu, got = pc[torch.arange(40) != 6], pu[torch.arange(40) != 6], got[torch.arange(40) != 6]
     assert torch.equal(heads.guided_probs(SimpleNamespace(probs=lambda p: p), pc, pu, guidance), got)
+    assert got.isfinite().all()
     want = heads.guided_probs_reference(pc.double(), pu.double(), guidance)
     pytorch = (heads.guided_probs_reference(pc, pu, guidance).double() - want).abs()
     assert ((got.double() - want).abs() <= 2 * pytorch + 1e-7).all()

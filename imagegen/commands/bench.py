@@ -6,6 +6,7 @@ mode=sampling    images/sec of linear-recurrent, softmax-KV-cache, softmax- and 
 mode=compare     the paper's table for trained checkpoints
 mode=browser     the exported page's JavaScript step in headless Chromium beside Python's step
 mode=paper       the paper's comparison: train every attention alike, then bits/dim and speed (docs/paper.md)
+mode=speedrun    a recipe's CPU time to a validation target, into the record table (docs/speedrun.md)
 """
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from .cli import hydra_entry
 from ..data.sets import dataset_info
 from ..errors import UserError
 
-MODES = ("attention", "train_step", "sampling", "compare", "browser", "paper")
+MODES = ("attention", "train_step", "sampling", "compare", "browser", "paper", "speedrun")
 
 
 def evaluator(c, device):
@@ -57,6 +58,9 @@ def task(c, device):
     elif c["mode"] == "paper":
         from ..benchmarks import paper
         paper.run(c, evaluator(c, device))             # writes paper-<data>.json, .md and .png in out_dir
+    elif c["mode"] == "speedrun":
+        from ..benchmarks import speedrun
+        speedrun.run(c)
     elif c["mode"] in ("attention", "train_step"):
         from ..benchmarks import attention
         run = attention.run_attention if c["mode"] == "attention" else attention.run_train_step

@@ -124,10 +124,23 @@ def check_train(cfg, memory_bytes=None, length=None):
         raise UserError(f"train.ema must lie in [0, 1) (0: off), got {t['ema']}.")
     if len(t["betas"]) != 2 or not all(0 <= b < 1 for b in t["betas"]):
         raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
+    check_recipe(t)
     fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
     check_model(cfg["model"], memory_bytes, length=length)
     if cfg["model"]["attention"] in ATTENTION_OPTIONS:     # an option the attention lacks (+key=...), a wrong type
         attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
+
+
+def check_recipe(t):
+    """The speedrun's options of the train section: Muon's, the validation target."""
+    if t.get("optimizer", "adamw") not in ("adamw", "adam", "radam", "muon"):
+        raise UserError(f"train.optimizer must be adamw, adam, radam or muon, got {shown(t['optimizer'])}.")
+    if t.get("muon_lr") is not None:
+        positive(t, ("muon_lr",), "train.")
+    if not 0 <= t.get("muon_momentum", 0.95) < 1:
+        raise UserError(f"train.muon_momentum must lie in [0, 1), got {t['muon_momentum']}.")
+    if t.get("target_bpd") is not None:
+        positive(t, ("target_bpd",), "train.")
 
 
 # Guidance past this stops helping: above G = 1 a value is lifted at most e^((G-1)B) times over p_c

@@ -108,8 +108,16 @@ class DataOverride:
 @dataclass
 class TrainOptions:
     batch_size: int = opt(16, "images per optimizer step (more than fit in memory: one sentence)")
-    optimizer: str = opt("adamw", "adamw, adam or radam")
+    optimizer: str = opt("adamw", "adamw, adam, radam, or muon (torch.optim.Muon for the blocks' matrices, AdamW for "
+                                  "the rest; training/optim.py)")
     lr: float = opt(1e-3, "peak learning rate, reached after warmup_steps")
+    muon_lr: Optional[float] = opt(None, "optimizer=muon: the blocks' matrices' peak learning rate (null: lr; Muon's "
+                                         "steps are scaled to AdamW's size, so the same lr suits both)")
+    muon_momentum: float = opt(0.95, "optimizer=muon: Muon's (Nesterov) momentum")
+    zero_init: bool = opt(False, "start every block's output projections and the head at zero (each block the "
+                                 "identity, the model the uniform distribution)")
+    target_bpd: Optional[float] = opt(None, "stop once a validation reaches this bits/dim (null: train the whole "
+                                            "budget); imagegen-bench mode=speedrun times runs to it")
     betas: List[float] = opt([0.9, 0.98], "Adam's two decay rates")
     weight_decay: float = opt(0.0, "decoupled weight decay (adamw) or L2 penalty")
     warmup_steps: int = opt(100, "steps of linear warmup before the cosine decay")
@@ -274,8 +282,28 @@ class ConvertConfig:
 
 
 @dataclass
+class SpeedrunOptions:
+    """imagegen-bench mode=speedrun (benchmarks/speedrun.py, docs/speedrun.md)."""
+    preset: str = opt("cpu_mnist", "the training preset the runs start from (conf/preset/)")
+    change: str = opt("baseline", "the row's name in the record table: what this recipe changes")
+    overrides: List[str] = opt([], "imagegen-train overrides of the recipe, e.g. [train.optimizer=muon,"
+                                   "'model.context=[2,27,28,29,56]']")
+    target: Optional[float] = opt(None, "validation bits/dim to reach (null: 1.00 for mnist, 4.50 for cifar10)")
+    budgets: List[float] = opt([45.0], "CPU-minute budgets tried in order until a run reaches the target (the "
+                                       "record: the smallest that does)")
+    threads: int = opt(1, "torch threads of each run (the record is timed at 1)")
+    val_every: int = opt(50, "validate every this many steps (the time to target is read at validations)")
+    val_images: Optional[int] = opt(None, "held-out images per validation (null: 2,000 for mnist, else 1,000)")
+    test_images: int = opt(2000, "test bits/dim of each run's best.pt over the first N test images (0: none)")
+    record: str = opt("docs/speedrun.json", "the JSON file of every run's row; the table is written beside it (.md)")
+    kept: Optional[bool] = opt(None, "the row's verdict after its A/B: true (kept in the recipe), false (dropped), "
+                                     "null (pending)")
+    load: str = opt("", "what else ran on the machine meanwhile, for the table (e.g. 'other core: tests')")
+
+
+@dataclass
 class BenchConfig:
-    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser or paper")
+    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser, paper or speedrun")
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
     arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")
@@ -329,6 +357,7 @@ class BenchConfig:
     browser_rounds: int = opt(3, "browser: alternating Python / browser rounds; medians reported")
     train_precisions: List[str] = opt(["float32", "auto"], "train_step: float32, bfloat16 (autocast), auto "
                                                            "(bfloat16 where fast)")
+    speedrun: SpeedrunOptions = field(default_factory=SpeedrunOptions)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     # the presets set train.* too; only mode=paper reads it, passing it on to imagegen-train (whose --help

@@ -18,6 +18,7 @@ class RunState:
     epoch: int = 0             # pass over the training split
     seen: int = 0              # images of this epoch already trained on
     best_val: float = math.inf
+    wall: float = 0.0          # wall-clock seconds of those steps (elapsed counts train.clock's)
 
     def to_dict(self):
         return asdict(self)
@@ -26,7 +27,8 @@ class RunState:
     def from_dict(cls, d, batch_size):
         """From a checkpoint's "state"; older checkpoints counted batches ("batch") instead of images."""
         seen = d.get("seen", d.get("batch", 0) * batch_size)
-        return cls(int(d["step"]), float(d["elapsed"]), int(d["epoch"]), int(seen), float(d["best_val"]))
+        return cls(int(d["step"]), float(d["elapsed"]), int(d["epoch"]), int(seen), float(d["best_val"]),
+                   float(d.get("wall", 0.0)))
 
 
 class DataOrder:

@@ -34,27 +34,35 @@ from ..tuning.threads import Watch
 from ..world import lost, max_, sum_
 from . import distributed, rundir
 from .logs import RunLog
+from .optim import make_optimizer
 from .runstate import Budget, DataOrder, RunState, step_seed
 from .signals import StopRequest
 
 
-def make_optimizer(params, t):
-    kinds = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "radam": torch.optim.RAdam}
-    if t["optimizer"] not in kinds:
-        raise UserError(f"unknown optimizer {t['optimizer']!r}; choose one of {sorted(kinds)}.")
-    return kinds[t["optimizer"]](params, lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
-
-
-def learning_rate(t, step, elapsed):
-    """Linear warmup, then cosine decay to lr * min_lr_ratio over the step or time budget,
-    whichever runs out first."""
+def lr_factor(t, step, elapsed):
+    """The share of each group's peak learning rate at `step`: linear warmup, then cosine decay to
+    min_lr_ratio over the step or time budget, whichever runs out first."""
     if step < t["warmup_steps"]:
-        return t["lr"] * (step + 1) / t["warmup_steps"]
+        return (step + 1) / t["warmup_steps"]
     progress = (step - t["warmup_steps"]) / max(1, t["max_steps"] - t["warmup_steps"])
     if t["max_minutes"]:
         progress = max(progress, elapsed / (60 * t["max_minutes"]))
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return t["lr"] * (t["min_lr_ratio"] + (1 - t["min_lr_ratio"]) * cosine)
+    return t["min_lr_ratio"] + (1 - t["min_lr_ratio"]) * cosine
+
+
+def zero_output_projections(model):
+    """Zero every block's output projections (attention and feed-forward) and the head's, so that each
+    block starts as the identity and the model as the uniform distribution (train.zero_init)."""
+    with torch.no_grad():
+        for block in model.blocks:
+            for dense in (block.attn.out, block.ff[2]):
+                dense.weight.zero_()
+        model.proj.weight.zero_()
+
+
+def precision_name(bf16):
+    return "bfloat16" if bf16 else "float32"
 
 
 def prepare_run_dir(cfg):
@@ -113,9 +121,13 @@ class Trainer:
         self.model = build_model(cfg["model"], self.info).to(device)
         check_forward_fits(self.model, t["batch_size"] // world.size, device, "train.batch_size", training=True,
                            bytes_per_value=2 if self.bf16 else 4)
-        self.opt = make_optimizer(self.model.parameters(), t)
+        if t.get("zero_init"):
+            zero_output_projections(self.model)
+        self.opt = make_optimizer(self.model, t, self.bf16)
+        self.peaks = [g["lr"] for g in self.opt.param_groups]      # each group's peak, before any resume
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if t["ema"] else None
         self.state = RunState()
+        self.reached = False                 # a validation met train.target_bpd: the run stops
         self.order = DataOrder(len(self.x_train), t["batch_size"], cfg["seed"], world)
         self.budget = Budget(t["max_steps"], t["max_minutes"])
         self.last = run_dir / "last.pt"
@@ -153,6 +165,7 @@ class Trainer:
             check_training(ck, self.last)
             changed = check_compatible(ck, self.cfg, self.last)
             check_resumable(ck, self.model, self.opt, self.last)
+        self.keep_precision(ck.get("precision"))
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         if self.ema is not None:             # a run that turns the average on starts it from the weights
@@ -161,6 +174,20 @@ class Trainer:
         self.log.truncate_after(self.state.step)
         self.say(f"resuming {self.last} at step {self.state.step} ({self.state.elapsed / 60:.1f} min trained)"
                  + (f"; changed since: {', '.join(changed)}" if changed else ""))
+
+    def keep_precision(self, saved):
+        """Resume in the precision the run trained in: train.bf16=auto takes it; another explicit one is refused."""
+        now = precision_name(self.bf16)
+        if saved is None or saved == now:
+            return
+        if self.t["bf16"] == "auto":
+            self.bf16 = saved == "bfloat16"
+            self.opt = make_optimizer(self.model, self.t, self.bf16)         # Muon orthogonalises in it
+            self.say(f"training on in {saved}, the precision {self.last} was trained in (train.bf16=auto)")
+            return
+        raise UserError(f"{self.last} was trained in {saved}, but train.bf16={str(self.t['bf16']).lower()} asks for "
+                        f"{now}; resume with train.bf16=auto (keeps {saved}), or start over with train.resume=false "
+                        f"train.overwrite=true or another run_dir.")
 
     def start_from(self, spec):
         with advice("pass another train.init, e.g. a run's best.pt, or drop train.init"):
@@ -182,7 +209,8 @@ class Trainer:
         if self.world.main:
             extra = {} if self.ema is None else {"ema": self.ema.state_dict()}
             checkpoint.save(self.run_dir / name, {"config": self.cfg, "model": self.model.state_dict(), **extra,
-                                                  "optimizer": self.opt.state_dict(), "state": self.state.to_dict()})
+                                                  "optimizer": self.opt.state_dict(), "state": self.state.to_dict(),
+                                                  "precision": precision_name(self.bf16)})
 
     @property
     def inference_model(self):
@@ -215,11 +243,15 @@ class Trainer:
         labels = self.y_val if self.model.num_classes else None
         bpd = bits_per_dim(self.inference_model, self.x_val, self.t["batch_size"], self.device, world=self.world,
                            labels=labels)
-        row = {"val_bpd": bpd, "elapsed": self.state.elapsed}
+        row = {"val_bpd": bpd, "elapsed": self.state.elapsed, "wall": self.state.wall}
         if self.ema is not None:             # the raw weights too, so a run shows what the average gains
             row["val_bpd_raw"] = bits_per_dim(self.model, self.x_val, self.t["batch_size"], self.device,
                                               world=self.world, labels=labels)
         self.log.scalars(self.state.step, row)
+        target = self.t.get("target_bpd")
+        if target is not None and bpd <= target:
+            self.reached = True
+            self.log.scalars(self.state.step, {"target_reached": target, "elapsed": self.state.elapsed})
         if bpd < self.state.best_val:
             self.state.best_val = bpd
             self.save("best.pt")
@@ -256,13 +288,17 @@ class Trainer:
             self.say(f"nothing to do: {self.last} already holds {state.step} steps; raise train.max_steps or "
                      f"train.max_minutes to train on")
             return state
+        if t.get("target_bpd") is not None and state.best_val <= t["target_bpd"]:
+            self.say(f"nothing to do: {self.last} already reached train.target_bpd={t['target_bpd']} (best "
+                     f"validation {state.best_val:.4f}); lower the target or drop it to train on")
+            return state
         self.model.train()
         self.last_sample = state.elapsed                 # train.sample_minutes counts from here
         progress = Progress(self, enabled=self.world.main)
         clock = time.process_time if t.get("clock", "wall") == "cpu" else time.perf_counter
         with StopRequest() as stop:
             while True:
-                tick = clock()
+                tick, wall_tick = clock(), time.perf_counter()
                 idx = self.order.batch(state)
                 x = self.x_train[idx].to(self.device, non_blocking=True)
                 torch.manual_seed(step_seed(self.cfg["seed"], state.step, self.world.rank))
@@ -280,9 +316,10 @@ class Trainer:
                                     f"train.warmup_steps, then resume from {self.last} or start over.")
                 if signalled or spent:
                     break
-                lr = learning_rate(t, state.step, state.elapsed)
-                for group in self.opt.param_groups:
-                    group["lr"] = lr
+                factor = lr_factor(t, state.step, state.elapsed)
+                for group, peak in zip(self.opt.param_groups, self.peaks):
+                    group["lr"] = peak * factor
+                lr = t["lr"] * factor
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if t["grad_clip"]:
@@ -294,10 +331,15 @@ class Trainer:
                 self.order.advance(state)                     # the batch counts once it is trained on
                 seconds = clock() - tick
                 state.elapsed += seconds
+                state.wall += time.perf_counter() - wall_tick
                 progress.step(loss, lr, x.numel() * self.world.size)
                 if self.watch is not None:
                     self.watch.step(seconds)                  # outside the step's time: a look sleeps 0.2 s
                 self.at_step_end()
+                if self.reached:
+                    self.say(f"step {state.step}: validation reached train.target_bpd={t['target_bpd']} after "
+                             f"{state.elapsed / 60:.2f} min of training; stopping")
+                    break
             # the last save inside the handlers too: a rank stopped by another's signal may get its own
             # first one now (torchrun killed: each rank's parent watch fires in its own time), which
             # must not kill it mid-save as the default SIGTERM action would

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.append(str(Path(__file__).parent.parent))     # tools/ (research scripts beside the package), after imagegen's
 from fixtures import write_cifar, write_mnist  # noqa: E402
 
 # Tests never reach the network: a dataset download (data.download defaults to true) goes to a

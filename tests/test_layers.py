@@ -159,6 +159,31 @@ def test_the_graph_sees_imports_inside_functions():
     assert "imagegen.api" in g["imagegen"]                                    # an import inside load()
 
 
+def reached(g, start):
+    """Every module that `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for w in g[todo.pop()] - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
+def test_benchmarks_hold_only_what_imagegen_bench_runs():
+    g = graph()
+    held = {m for m in g if m.startswith("imagegen.benchmarks.")} - {"imagegen.benchmarks"}
+    paper = {"imagegen.benchmarks.paper_tables"}        # the paper's comparison: several mode=paper runs side by side
+    assert held - reached(g, "imagegen.commands.bench") == paper, "move research tools to tools/"
+
+
+def test_the_package_never_imports_the_research_tools():
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(n == "tools" or n.startswith("tools.") for n in names), name
+
+
 if __name__ == "__main__":
     g = graph()
     found = circles(g)

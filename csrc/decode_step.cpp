@@ -79,7 +79,7 @@ CP_MULTIVERSION void linear_bf16_range(const float* x, const c10::BFloat16* W, c
 }
 
 // ---- small-batch float32 products for decoding ---------------------------------------------
-// out (N, O) = b + x W for a few rows x (N, K) and float32 W in panels (`imagegen.model.layers.
+// out (N, O) = b + x W for a few rows x (N, K) and float32 W in panels (`imagegen.ops.layout.
 // panels`): W's columns in blocks of kPanel, each block's K rows contiguous, (O / kPanel, K, kPanel).
 // A block's N x kPanel outputs stay in registers while its rows stream past, so one pass reads W
 // from start to end at memory speed; torch's addmm (MKL's gemv) ran at about half that at batch 1
@@ -233,7 +233,7 @@ at::Tensor gelu_in_place(at::Tensor x) {
   return x;
 }
 
-// b + x W through oneDNN with W prepacked for it (`imagegen.model.layers.pack`: torch.ops.mkldnn.
+// b + x W through oneDNN with W prepacked for it (`imagegen.ops.layout.pack`: torch.ops.mkldnn.
 // _reorder_linear_weight of W^T, an opaque (O, K) tensor): torch.ops.mkldnn._linear_pointwise, the
 // op torch.compile uses for frozen CPU linears, which skips repacking W at every call.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
@@ -253,7 +253,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& W, const at::Tens
                   b.scalar_type() == at::kFloat && b.is_contiguous() && b.numel() == O && x.dim() == 2 &&
                   x.size(1) == K,
               "decode_linear: panel weights must be contiguous float32 (O / ", kPanel, ", K, ", kPanel,
-              ") with an O-long float32 bias and x (N, K); see imagegen.model.layers.panels");
+              ") with an O-long float32 bias and x (N, K); see imagegen.ops.layout.panels");
   const auto xc = x.to(at::kFloat).contiguous();
   auto out = at::empty({N, O}, W.options());
   const float *xp = xc.data_ptr<float>(), *Wp = W.data_ptr<float>(), *bp = b.data_ptr<float>();

@@ -38,7 +38,7 @@ def kernel_compiles_again():
     (tests/commands.call) must not leave the C++ kernel's compile off for the tests after it."""
     yield
     from imagegen.ops import build
-    build._compile[0] = True
+    build.switches.compile = True
 
 
 @pytest.fixture

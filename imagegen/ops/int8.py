@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -146,7 +147,13 @@ def step_form(w, b):
     return Wq, torch.stack([b.detach().float(), scales, colsums.view(torch.float32)])
 
 
-_forced = [None]    # "kernel" or "fbgemm" inside `forced_product`
+@dataclass
+class Forced:
+    """What `forced_product` forces now."""
+    kind: str | None = None    # "kernel" or "fbgemm" inside `forced_product`
+
+
+_forced = Forced()
 
 
 @contextlib.contextmanager
@@ -155,16 +162,16 @@ def forced_product(kind):
     "fbgemm": fbgemm's, so the module loop), whatever `takes_kernel` and decoding's probe would pick."""
     if kind not in ("kernel", "fbgemm"):
         raise ValueError(f"forced_product takes 'kernel' or 'fbgemm', not {kind!r}")
-    before, _forced[0] = _forced[0], kind
+    before, _forced.kind = _forced.kind, kind
     try:
         yield
     finally:
-        _forced[0] = before
+        _forced.kind = before
 
 
 def forced():
     """What `forced_product` forces now ("kernel", "fbgemm"), or None."""
-    return _forced[0]
+    return _forced.kind
 
 
 def takes_kernel(always=False):
@@ -177,15 +184,9 @@ def takes_kernel(always=False):
         return False
     if always:
         return True
-    if _forced[0] is not None:
-        return _forced[0] == "kernel"
+    if _forced.kind is not None:
+        return _forced.kind == "kernel"
     return int8_form() in ("vnni", "avx2")
-
-
-def linear_int8_kernel(x, packed, b, form="auto"):
-    """b + x W through the C++ kernel's `decode_linear_int8` (built on first use) for W packed by
-    `pack_int8`; form: "auto" (`int8_form`), or "vnni", "avx2", "portable" where this CPU runs it."""
-    return load_kernel("cpu").decode_linear_int8(x, *packed, b, form)
 
 
 FORM_VAR = "IMAGEGEN_INT8_FORM"

@@ -195,11 +195,11 @@ def load_kernel(device_type):
     return module
 
 
-def loaded_kernel(device_type):
-    """The kernel for device_type if this process has it loaded already, else None: never builds, never
-    looks on disk (a check cheap enough for every sampling step; a linear model's attention loads it first)."""
-    module = _modules.get(device_type)
-    return None if module is None or isinstance(module, str) else module
+def draw_kernel():
+    """The CPU kernel for sampling's draws (mixture probabilities, guidance, the inverse CDF) wherever this
+    process can have it (`kernel_error`: built now unless `prebuilt_only`), else None. One rule whatever ran
+    before in the process, so that the same seed draws the same bytes after any other model."""
+    return None if kernel_error("cpu") is not None else _modules["cpu"]
 
 
 def _loaded(device_type, module):

@@ -32,7 +32,7 @@ from .memory import check_grid_fits, check_images_fit, sampling_batch
 from .say import say
 from .model.transformer import model_dims
 from .ops.allocator import for_device
-from .precision import resolve_precision
+from .precision import decide_precision
 from .sampling.decode import generate, grid, resolve_sampler, to_images
 from .bits_per_dim import bits_per_dim
 
@@ -126,7 +126,8 @@ class Model:
     def _dtype(self, precision, batch_size, n):
         """The products' dtype `precision` resolves to at the batch sampling n images runs (sampling_batch)."""
         batch = sampling_batch(self.module, batch_size, n, self.sampler, self.device)
-        return resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch, record=self.record)
+        return decide_precision(precision, self.device, dims=model_dims(self.module), batch=batch,
+                                record=self.record).value
 
     def bits_per_dim(self, images, labels=None, batch_size=32):
         """Exact bits/dim of images (B, H, W, C) uint8 under p(x | label), given their labels (one per image,

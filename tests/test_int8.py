@@ -115,13 +115,13 @@ def test_int8_sampling_returns_images(sampler):
 
 
 def test_int8_precision_is_asked_for_never_picked():
-    assert precision.resolve_precision("int8", CPU) == INT8 and dtype_name(INT8) == "int8"
+    assert precision.decide_precision("int8", CPU).value == INT8 and dtype_name(INT8) == "int8"
     assert precision_dtype("int8") == INT8 and precision_dtype("float32") == torch.float32
-    assert precision.resolve_precision("auto", CPU) in (torch.float32, torch.bfloat16)
+    assert precision.decide_precision("auto", CPU).value in (torch.float32, torch.bfloat16)
     assert precision.resolve_precisions(["float32", "auto"], CPU, "k")[0] in (["float32"], ["float32", "bfloat16"])
     assert precision.resolve_precisions(["float32", "int8"], CPU, "k")[0] == ["float32", "int8"]
     with pytest.raises(UserError, match="CPU only"):
-        precision.resolve_precision("int8", torch.device("cuda"))
+        precision.decide_precision("int8", torch.device("cuda"))
     with pytest.raises(UserError, match="train_precisions must be one of float32, bfloat16, auto, not 'int8'"):
         precision.resolve_precisions(["int8"], CPU, "train_precisions", precision.FLOAT_PRECISIONS)
 

@@ -180,11 +180,12 @@ def test_sampling_auto_takes_int8_only_for_a_small_recorded_cost_where_faster(mo
     monkeypatch.setattr(precision, "auto_bf16", lambda *a, **k: (False, "bfloat16 slower here"))
     monkeypatch.setattr(probe, "decide", lambda key, measure: verdicts.append(key) or probe.Verdict(
         key, 2.1, 1.0, True, "cached", "probes.json"))
-    assert precision.resolve_precision("auto", cpu, dims=dims, batch=64, record=record) == INT8
+    assert precision.decide_precision("auto", cpu, dims=dims, batch=64, record=record).value == INT8
     assert verdicts == [f"int8-decode:{int8_form() or 'fbgemm'}:N64:D128:F512"]   # the form timed names the verdict
     costly = {"int8_check": {"images": 500, "float32": 0.8795, "int8": 0.8995}}
     for other in (None, {}, costly):                   # no cost recorded, or too high: float32, nothing timed
-        assert precision.resolve_precision("auto", cpu, dims=dims, batch=64, record=other) == torch.float32
-    assert precision.resolve_precision("auto", cpu, dims=dims, record=record) == torch.float32   # evaluation
+        assert precision.decide_precision("auto", cpu, dims=dims, batch=64, record=other).value == torch.float32
+    assert precision.decide_precision("auto", cpu, dims=dims, record=record).value == torch.float32   # evaluation
     assert len(verdicts) == 1
-    assert "above the 0.01 allowed" in precision.precision_reason("auto", cpu, dims=dims, batch=64, record=costly)
+    assert "above the 0.01 allowed" in precision.decide_precision("auto", cpu, dims=dims, batch=64,
+                                                                  record=costly).reason

@@ -146,14 +146,14 @@ def generate_rows(names, batch, rounds):
     """One row per shipped model: CPU seconds to sample `batch` whole images (one batch, no guidance, the
     sampler's own choice of step) at float32 and at int8, in turns, `rounds` times; images/sec of the best."""
     from imagegen.model.transformer import model_dims
-    from imagegen.precision import resolve_precision
+    from imagegen.precision import decide_precision
     from imagegen.sampling.decode import generate
     rows = []
     for name in names:
         model, ck = shipped_model(name)
         labels = torch.arange(batch) % model.num_classes if model.num_classes else None
-        dtypes = {p: resolve_precision(p, torch.device("cpu"), dims=model_dims(model), batch=batch,
-                                       record=ck.get("record")) for p in ("float32", "int8")}
+        dtypes = {p: decide_precision(p, torch.device("cpu"), dims=model_dims(model), batch=batch,
+                                      record=ck.get("record")).value for p in ("float32", "int8")}
         calls = {p: (lambda p=p: generate(model, batch, labels=labels, guidance=1.0, batch_size=batch,
                                           dtype=dtypes[p])) for p in dtypes}
         s = {k: v / 1e6 for k, v in time_interleaved(calls, rounds, 1, time.thread_time).items()}

@@ -31,7 +31,7 @@ from imagegen.data.sets import dataset_info, load_from_config
 from imagegen.bits_per_dim import bits_per_dim
 from imagegen.dtypes import dtype_name
 from imagegen.model.transformer import model_dims
-from imagegen.precision import resolve_precision
+from imagegen.precision import decide_precision
 from imagegen.sampling.decode import generate
 from imagegen.benchmarks.report import machine, markdown_table, write_outputs
 from imagegen.errors import UserError, one_line
@@ -154,8 +154,8 @@ def main(argv=None):
     print(f"judge: {description}, {time.perf_counter() - start:.0f} s; test accuracy {accuracy:.4f} on "
           f"{len(test[0])} images")
     asked = torch.arange(model.num_classes).repeat_interleave(args.per_class)
-    dtype = resolve_precision(args.precision, torch.device("cpu"), dims=model_dims(model), batch=args.batch_size,
-                              record=ck.get("record"))
+    dtype = decide_precision(args.precision, torch.device("cpu"), dims=model_dims(model), batch=args.batch_size,
+                             record=ck.get("record")).value
     rows = []
     for guidance in args.guidance:
         start = time.perf_counter()

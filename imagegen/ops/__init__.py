@@ -14,7 +14,7 @@ impl names:
                On CUDA only when asked for: compile-checked in CI (csrc/compile_check.sh), run on one GPU (docs/gpu.md)
   "triton"     `linear_attention` only: the fused chunked Triton kernels of triton_linear.py (CUDA;
                CPU tensors under Triton's interpreter, for tests)
-  "auto"       the fastest available for the device and shape (`dispatch.choose_impl`: on the CPU
+  "auto"       the fastest available for the device and shape (`dispatch.decide_impl`: on the CPU
                measured once per machine by `imagegen.tuning.probe`, else by rule)
 
 The files: public.py (the ops), dispatch.py (which impl runs), causal_linear.py (the PyTorch forms and
@@ -25,7 +25,7 @@ triton_linear.py and triton_kernels.py (Triton). This face only re-exports.
 from .build import ensure_kernel, kernel_error, load_kernel, prebuilt_only, warn_fallback  # noqa: F401
 from .causal_linear import EPS, phi  # noqa: F401
 from .decode import DecodeHead, DecodeLayer, decode_step, fused_state, fused_step  # noqa: F401
-from .dispatch import (IMPLS, TRITON_DEVICES, auto_impl_line, auto_impl_reason, choose_impl,  # noqa: F401
+from .dispatch import (IMPLS, TRITON_DEVICES, auto_impl_line, decide_impl,  # noqa: F401
                        default_chunk_size, resolve_impl, uses_fused_kernel, uses_triton_step)
 from .gated_linear import gated_step  # noqa: F401
 from .public import (causal_linear_attention, causal_product, compute_dtype, gated_linear_attention,  # noqa: F401

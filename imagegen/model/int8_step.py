@@ -1,9 +1,8 @@
 """Which int8 decoding step a linear PixelTransformer runs at a batch: the one-call C++ step (the kernel's
 int8 products, activations quantized per row) or the Python module loop with fbgemm's products (one
 activation scale per call). Measured on whole steps, not single products: the one-call step also saves
-the loop's Python work, which a product-by-product timing does not see (AMD EPYC family 25 model 17:
-fbgemm's products about as fast as the kernel's VNNI form at 256 rows, its loop 1.15-1.25x slower than
-the one-call step there, 1.6-4.4x at 1-64 rows; docs/speed.md, precision=int8).
+the loop's Python work, which a product-by-product timing does not see (figures:
+docs/notes/code-measurements.md).
 """
 import torch
 

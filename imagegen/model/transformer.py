@@ -138,8 +138,8 @@ class PixelTransformer(nn.Module):
 
     def context_vectors(self, history, table=None):
         """history (N, max(context)) long, the last bytes read, newest last -> the context's sum (N, D); with
-        `context_table`'s table, as one gather-and-sum (cifar10-linear's 16 distances at 64 images: 27 us
-        against 210 us for 16 lookups and adds, a tenth of its int8 step)."""
+        `context_table`'s table, as one gather-and-sum (faster than a lookup and add per distance:
+        docs/notes/code-measurements.md)."""
         if table is None:
             return sum(emb(history[:, -o]) for o, emb in zip(self.context, self.ctx))
         weights, columns, offsets = table

@@ -59,7 +59,7 @@ class Dense(nn.Module):
     def step_form(self):
         """The C++ kernel's int8 (Wq, extra) of the parameters (`int8.step_form`), quantized once per version of
         them: torch counts every in-place change of a tensor (an optimizer's step, load_state_dict, copy_), so a
-        sampler's every call reuses them (24 ms of paper_mnist's, 8 layers, at each call) until the weights
+        sampler's every call reuses them (quantizing costs: docs/notes/code-measurements.md) until the weights
         change. (A change made through `.data` escapes that count; nothing here makes one.)"""
         key = (self.weight._version, self.bias._version, self.weight.data_ptr(), self.bias.data_ptr())
         if self._step_form[0] != key:

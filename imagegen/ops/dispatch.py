@@ -40,7 +40,7 @@ def decide_impl(q, v, fused=False, explain=False):
     Where Triton runs and the csrc CUDA kernel is built already (`python -m imagegen.ops cuda`;
     auto never waits for its first build, minutes long), the two are timed once per GPU model
     (`cuda_verdict`, cached like the CPU's) and the kernel runs when it is probe.MARGIN times faster
-    (on an H200 it was 1.5-2.5x faster: docs/gpu.md).
+    (docs/notes/code-measurements.md).
     CPU: the kernel (float32/64, bfloat16) when it built and either no gradient is needed or
     max(E, M) <= 193; else chunked (a rule read from one AVX-512 Xeon's timings, which
     docs/notes/code-measurements.md keeps). Another CPU can differ (on an AVX2-only one the fused

@@ -38,7 +38,8 @@ from .build import kernel_error, load_kernel
 def quiet_quantized():
     """torch's deprecation warnings about its quantized tensors silenced, only around the calls that
     make int8 weights (`quantize`; torch 2.13 warns that quantized tensors will leave torch); running
-    them warns of nothing, and a warnings context per product would cost 7 us of each call."""
+    them warns of nothing, and a warnings context per product would cost time at every call
+    (docs/notes/code-measurements.md)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantiz.*", category=UserWarning)
         warnings.filterwarnings("ignore", message=".*quantiz.*", category=DeprecationWarning)

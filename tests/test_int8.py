@@ -372,26 +372,29 @@ def test_int8_forward_quantizes_each_row_whatever_a_probe_picked(int8_kernel, mo
 def test_int8_decoding_takes_the_step_a_probe_measures(int8_kernel, monkeypatch, probes_on):
     """int8 decoding runs the one-call C++ step unless a probe of whole steps (keyed by the kernel's form, the
     batch and the model's shape) finds the module loop with fbgemm's products MARGIN times faster; with probes
-    off, wherever the kernel's int8 product has a vector form; inside forced_product, what it forces."""
-    from imagegen.model import int8_step
+    off, wherever the kernel's int8 product has a vector form; inside forced_product, what it forces. Sampling's
+    plan makes that choice (`sampling.plan.decoding_state`), not the model."""
+    from imagegen.sampling import plan
     from imagegen.ops.int8 import forced_product, int8_form
     from imagegen.tuning import probe
     model = scaled_model("linear", length=40)
     timings = {}
-    monkeypatch.setattr(int8_step, "time_steps", lambda m, batch: timings[batch])
+    monkeypatch.setattr(plan, "time_steps", lambda m, batch: timings[batch])
     timings.update({1: (1.0, 2.0), 256: (1.0, 0.5)})        # ms: (one-call, module loop with fbgemm)
-    one_call = model.init_state(1, CPU, INT8)
+    one_call = plan.decoding_state(model, 1, CPU, INT8)
     assert one_call.kernel is not None and isinstance(one_call.layers[0].attn.qkv[0], torch.Tensor)
-    loop = model.init_state(256, CPU, INT8)
+    loop = plan.decoding_state(model, 256, CPU, INT8)
     assert loop.kernel is None and not isinstance(loop.layers[0].attn.qkv[0], torch.Tensor)   # fbgemm's weight
     keys = sorted(k.split("/", 1)[1] for k in json.loads(probes_on.read_text())["entries"])
     assert [k for k in keys if k.startswith("int8-step")] == [f"int8-step:{int8_form()}:N{n}:D64:F128:L3:H4:C0"
                                                               for n in (1, 256)]
     with forced_product("kernel"):
-        assert model.init_state(256, CPU, INT8).kernel is not None
+        assert plan.decoding_state(model, 256, CPU, INT8).kernel is not None
+    monkeypatch.setattr(plan, "time_steps", lambda m, batch: pytest.fail("the model timed its own step"))
+    model.init_state(8, CPU, INT8)                       # the model holds no policy: it never probes
     monkeypatch.setenv("IMAGEGEN_PROBE", "0")
     assert probe.decide("anything", lambda: 1 / 0) is None
-    assert int8_step.int8_one_call(model, 256) == (int8_form() in ("vnni", "avx2"))
+    assert plan.int8_one_call(model, 256) == (int8_form() in ("vnni", "avx2"))
 
 
 def test_int8_form_variable_forces_a_form_or_says_what_runs(int8_kernel):

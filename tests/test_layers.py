@@ -184,6 +184,14 @@ def test_the_package_never_imports_the_research_tools():
                 assert not any(n == "tools" or n.startswith("tools.") for n in names), name
 
 
+def test_the_model_holds_no_policy():
+    """model/ imports nothing that decides how it runs: no machine facts or probes (tuning), no precision,
+    no int8 selection (ops.int8): sampling's plan (sampling/plan.py) makes those choices."""
+    g = graph()
+    imported = {b for a, bs in g.items() if unit(a) == "model" for b in bs}
+    assert not {m for m in imported if unit(m) in ("tuning", "precision") or m == "imagegen.ops.int8"}
+
+
 if __name__ == "__main__":
     g = graph()
     found = circles(g)

@@ -12,7 +12,7 @@ dynamic quantized linear (`imagegen.ops.int8.linear_int8`, what precision=int8 r
 
 --steps times whole decoding steps of shipped models instead, at batches 1, 16, 64, 256 (`step_calls`):
 float32, and int8 through the one-call C++ step, the Python module loop with the kernel's products and the
-module loop with fbgemm's, the choice `model.int8_step.int8_one_call` makes (CPU time, one thread);
+module loop with fbgemm's, the choice `sampling.plan.int8_one_call` makes (CPU time, one thread);
 with --generate B, whole images sampled B at a time (no guidance) at float32 and int8, end to end.
 
 One torch thread, in one process; per shape and batch the three products are timed in turns

@@ -1,3 +1,3 @@
 """The PixelTransformer: embeddings, blocks (layers), and the output heads."""
 
-__all__ = ["heads", "int8_step", "transformer"]
+__all__ = ["heads", "transformer"]

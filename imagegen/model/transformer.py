@@ -19,7 +19,6 @@ bfloat16 where this CPU multiplies that faster, else float32: `ops.dense.int8_ke
 once into the state; the residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
 dtype (float32).
 """
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -32,8 +31,6 @@ from ..dtypes import INT8
 from ..errors import UserError
 from ..ops import EPS, DecodeHead, DecodeLayer, decode_step
 from ..ops.dense import Dense, dense, int8_keeps
-from ..ops.int8 import forced_product
-from .int8_step import int8_one_call
 from .heads import make_head
 
 START = 256  # token id of the start symbol; bytes are 0..255
@@ -192,15 +189,11 @@ class PixelTransformer(nn.Module):
         whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
         dtype dtypes.INT8 (int8 products, quantized here once): every Dense product in int8 (`ops.dense`) but
         those `Dense.int8_keeps` (the head, the first block's feed-forward input; evaluation's int8 keeps the
-        same): through the C++ kernel's int8 product in the one-call C++ step where `int8_step.int8_one_call`
-        measures that faster at this batch, else fbgemm's in the
-        Python module loop."""
+        same): through the C++ kernel's int8 product in the one-call C++ step, or fbgemm's in the Python module
+        loop, as `ops.int8.takes_kernel` says (sampling's plan, `sampling.plan.decoding_state`, chooses)."""
         dtype = dtype or self.proj.weight.dtype
-        products = forced_product("kernel" if int8_one_call(self, batch) else "fbgemm") if dtype == INT8 \
-            else nullcontext()
-        with products:
-            layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
-            head = self.proj.cast(dtype, batch) if dtype == INT8 else None
+        layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
+        head = self.proj.cast(dtype, batch) if dtype == INT8 else None
         state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device), head=head,
                               history=torch.full((batch, max(self.context)), START, dtype=torch.long, device=device)
                               if self.context else None,

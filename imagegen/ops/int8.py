@@ -15,7 +15,7 @@ of x with its own scale and sums in int32 (AVX512-VNNI or AVX2 where the CPU has
 `linear_int8_reference` computes the same in plain PyTorch. Each row's result depends on that row alone, so evaluation's
 forward (rows = images x positions) and decoding's step (rows = images) compute the same numbers.
 Decoding and `dense.int8_weights` take it (`Dense.cast`) in `step_form`, which the one-call C++ step
-reads too, where `takes_kernel` says so: decoding where `model.int8_step.int8_one_call` measures the
+reads too, where `takes_kernel` says so: decoding where `sampling.plan.int8_one_call` measures the
 one-call step faster than the module loop with fbgemm's products at the batch (with probes off: where the
 kernel's product has a vector form, AVX512-VNNI or AVX2). Whole forward passes in int8
 (`dense.int8_weights`: evaluation's precision=int8, the conversion's int8 check) take the kernel's product
@@ -178,7 +178,7 @@ def forced():
 def takes_kernel(always=False):
     """Whether int8 products run on the C++ kernel's int8 product rather than fbgemm's: where the kernel
     builds and, inside `forced_product`, where it forces "kernel"; outside it, where the kernel's product has
-    a vector form (`int8_form`: vnni or avx2). Decoding forces the choice `model.int8_step.int8_one_call`
+    a vector form (`int8_form`: vnni or avx2). Decoding forces the choice `sampling.plan.int8_one_call`
     measures on whole steps. always=True: wherever the kernel builds (per-row results, which depend neither
     on how many rows a call holds nor on the thread count)."""
     if kernel_error("cpu") is not None:

@@ -1,11 +1,17 @@
-"""Which int8 decoding step a linear PixelTransformer runs at a batch: the one-call C++ step (the kernel's
+"""How a model decodes on this machine, chosen outside the model (which only holds its parameters, its
+forward and its step): `decoding_state` makes the state `PixelTransformer.step` reads with these choices.
+
+Which int8 decoding step a linear PixelTransformer runs at a batch: the one-call C++ step (the kernel's
 int8 products, activations quantized per row) or the Python module loop with fbgemm's products (one
 activation scale per call). Measured on whole steps, not single products: the one-call step also saves
 the loop's Python work, which a product-by-product timing does not see (figures:
 docs/notes/code-measurements.md).
 """
+from contextlib import nullcontext
+
 import torch
 
+from ..dtypes import INT8
 from ..ops.int8 import forced, forced_product, int8_form
 from ..tuning import probe
 
@@ -34,7 +40,6 @@ def int8_one_call(model, batch):
 
 def time_steps(model, batch):
     """(one-call step ms, module loop with fbgemm's products ms) for STEPS steps of `model` at `batch` images."""
-    from ..dtypes import INT8
     device, token = torch.device("cpu"), torch.zeros(batch, dtype=torch.long)
     states = []
     for kind in ("kernel", "fbgemm"):
@@ -47,3 +52,14 @@ def time_steps(model, batch):
                 state.t = 1
                 model.step(token, state)
     return probe.best_ms(lambda: run(states[0]), lambda: run(states[1]), rounds=5)
+
+
+def decoding_state(model, batch, device, dtype=None, labels=None, whole_model_kernel=True):
+    """`model.init_state(batch, device, dtype, whole_model_kernel, labels)` with this machine's choices: for
+    int8 (dtypes.INT8) the products `int8_one_call` measures faster at this batch (the kernel's, and so the
+    one-call C++ step, or fbgemm's in the module loop)."""
+    dtype = dtype or model.proj.weight.dtype
+    products = forced_product("kernel" if int8_one_call(model, batch) else "fbgemm") if dtype == INT8 \
+        else nullcontext()
+    with products:
+        return model.init_state(batch, device, dtype, whole_model_kernel=whole_model_kernel, labels=labels)

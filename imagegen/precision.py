@@ -25,7 +25,7 @@ import torch
 from .dtypes import INT8, autocast, dtype_name
 from .errors import UserError
 from .ops.build import kernel_error, load_kernel
-from .ops.dense import Dense, dense
+from .ops.dense import Dense, dense, int8_keeps
 from .ops.int8 import can_int8, int8_form
 from .ops.layout import PACK_MIN_ROWS, pack
 from .tuning import probe
@@ -101,6 +101,18 @@ def int8_products(batch, d_model, d_ff):
                     dense(x, w)
         return probe.best_ms(lambda: run(f32), lambda: run(int8), rounds=7)
     return measure
+
+
+def keep_out_of_int8(model):
+    """Mark the products a PixelTransformer keeps out of int8 (`ops.dense.int8_keeps`): its head in float32 and
+    its first block's feed-forward input in bfloat16 (float32 where this CPU's bfloat16 is not faster), where
+    8-bit activations cost the most bits/dim (docs/speed.md). One rule for decoding and whole forward passes:
+    every loaded model (`store.checkpoint.model_from_checkpoint`) and every int8 run (`sampling.plan.
+    decoding_state`, `sampling.decode.int8_forward`) applies it, so evaluation scores what sampling computes.
+    Returns model."""
+    int8_keeps([model.proj], torch.float32)
+    int8_keeps([model.blocks[0].ff[0]], torch.bfloat16)
+    return model
 
 
 def int8_cost(record):

@@ -425,7 +425,10 @@ def test_int8_steps_compute_the_int8_forward(int8_kernel, one_call, bf16, monkey
     sampler computes; and the bits/dim of those steps is the forward's."""
     from imagegen.bits_per_dim import bits_per_dim
     from imagegen.ops.int8 import forced_product
+    from imagegen.precision import keep_out_of_int8
     model = scaled_model("linear", length=60)
+    assert not any(m.int8_keeps for m in model.modules() if isinstance(m, Dense))   # the model holds no int8 policy
+    keep_out_of_int8(model)
     monkeypatch.setattr(dense_module, "bf16_faster", lambda: bf16)                # the machine's verdict, both ways
     kept = {name: m.int8_keeps for name, m in model.named_modules() if isinstance(m, Dense) and m.int8_keeps}
     assert kept == {"blocks.0.ff.0": torch.bfloat16, "proj": torch.float32}

@@ -190,6 +190,8 @@ def test_the_model_holds_no_policy():
     g = graph()
     imported = {b for a, bs in g.items() if unit(a) == "model" for b in bs}
     assert not {m for m in imported if unit(m) in ("tuning", "precision") or m == "imagegen.ops.int8"}
+    source = (PACKAGE / "model" / "transformer.py").read_text()
+    assert "int8_keeps(" not in source and "forced_product(" not in source     # nor marks or forces int8 itself
 
 
 if __name__ == "__main__":

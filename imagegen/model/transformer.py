@@ -15,7 +15,7 @@ the same channel one pixel left) and 3W (one row up): the neighbours that a line
 average cannot single out, at the cost of a lookup. Decoding keeps the last max(context) bytes in its state.
 Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (dtypes.INT8:
 8-bit weights, activations quantized per row; the head stays float32, the first block's feed-forward input
-bfloat16 where this CPU multiplies that faster, else float32: `ops.dense.int8_keeps`), with weights converted
+bfloat16 where this CPU multiplies that faster, else float32: `precision.keep_out_of_int8`), with weights converted
 once into the state; the residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
 dtype (float32).
 """
@@ -30,7 +30,7 @@ from ..config import ModelConfig
 from ..dtypes import INT8
 from ..errors import UserError
 from ..ops import EPS, DecodeHead, DecodeLayer, decode_step
-from ..ops.dense import Dense, dense, int8_keeps
+from ..ops.dense import Dense, dense
 from .heads import make_head
 
 START = 256  # token id of the start symbol; bytes are 0..255
@@ -111,8 +111,6 @@ class PixelTransformer(nn.Module):
                                     for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.proj = Dense(d_model, self.head.n_params)
-        int8_keeps([self.proj], torch.float32)                  # the products int8 keeps (docs/speed.md)
-        int8_keeps([self.blocks[0].ff[0]], torch.bfloat16)
         embeddings = [self.tok, self.row, self.col, self.chan, *self.ctx]
         if num_classes:
             self.label = nn.Embedding(num_classes + 1, d_model)  # row num_classes: no label

@@ -13,6 +13,7 @@ import torch
 
 from ..dtypes import INT8
 from ..ops.int8 import forced, forced_product, int8_form
+from ..precision import keep_out_of_int8
 from ..tuning import probe
 
 STEPS = 3   # decoding steps per timed call
@@ -57,8 +58,10 @@ def time_steps(model, batch):
 def decoding_state(model, batch, device, dtype=None, labels=None, whole_model_kernel=True):
     """`model.init_state(batch, device, dtype, whole_model_kernel, labels)` with this machine's choices: for
     int8 (dtypes.INT8) the products `int8_one_call` measures faster at this batch (the kernel's, and so the
-    one-call C++ step, or fbgemm's in the module loop)."""
+    one-call C++ step, or fbgemm's in the module loop), the products `keep_out_of_int8` names kept out of it."""
     dtype = dtype or model.proj.weight.dtype
+    if dtype == INT8:
+        keep_out_of_int8(model)
     products = forced_product("kernel" if int8_one_call(model, batch) else "fbgemm") if dtype == INT8 \
         else nullcontext()
     with products:

@@ -79,11 +79,11 @@ CP_MULTIVERSION void linear_bf16_range(const float* x, const c10::BFloat16* W, c
 }
 
 // ---- small-batch float32 products for decoding ---------------------------------------------
-// out (N, O) = b + x W for a few rows x (N, K) and float32 W in panels (`imagegen.model.layers.
+// out (N, O) = b + x W for a few rows x (N, K) and float32 W in panels (`imagegen.ops.layout.
 // panels`): W's columns in blocks of kPanel, each block's K rows contiguous, (O / kPanel, K, kPanel).
 // A block's N x kPanel outputs stay in registers while its rows stream past, so one pass reads W
-// from start to end at memory speed; torch's addmm (MKL's gemv) ran at about half that at batch 1
-// on an AVX-512 AMD EPYC. kPanel is kPanelVecs sweep vectors (vec.h's svec_t): 4 x 16 floats with
+// from start to end at memory speed, faster than torch's addmm at batch 1 (docs/notes/code-measurements.md).
+// kPanel is kPanelVecs sweep vectors (vec.h's svec_t): 4 x 16 floats with
 // AVX-512's 32 registers, 2 x 8 with AVX2's 16 (4 rows x 2 accumulators and their inputs).
 constexpr int kPanelVecs = CP_SWEEP_BYTES == 64 ? 4 : 2;
 constexpr int64_t kPanel = kPanelVecs * kSweep<float>;
@@ -132,8 +132,8 @@ CP_MULTIVERSION void linear_f32_panels(const float* x, const float* W, const flo
 // Rows [n0, n1) of h (N, D) float32: h += y (the last block's output in the products' dtype T,
 // bfloat16 or float32; none when y is null), then out = LayerNorm(h) * w + b in T, with the mean
 // and the (biased) variance summed in float32 vectors. One pass per row where torch would run an
-// add, a LayerNorm and (for bfloat16) a copy: at batch 1 those ops' fixed costs (2-4 us each) were
-// about a tenth of the float32 step.
+// add, a LayerNorm and (for bfloat16) a copy, whose fixed costs count at batch 1
+// (docs/notes/code-measurements.md).
 inline __attribute__((always_inline)) vec_t<float> load_f32(const c10::BFloat16* p) { return widen_bf16(p); }
 inline __attribute__((always_inline)) vec_t<float> load_f32(const float* p) { return load(p); }
 
@@ -214,14 +214,13 @@ at::Tensor step_features(const at::Tensor& x, const std::string& map, const at::
 }
 
 // torch's exact GELU (approximate='none') of x in place: contiguous float32 CPU x through gelu_values
-// (gelu.h: within 2.6e-7 of the exact value, 1.3-1.5x faster than torch's), rows split over threads;
+// (gelu.h: within 2.6e-7 of the exact value, faster than torch's), rows split over threads;
 // other x through at::gelu_. -> x.
 at::Tensor gelu_in_place(at::Tensor x) {
   if (x.scalar_type() != at::kFloat || !x.is_contiguous() || !x.device().is_cpu() || x.numel() == 0)
     return at::gelu_(x);
 #if defined(__x86_64__) && !defined(__AVX2__)
-  // the portable build's baseline clone (no AVX2), its vectors split into SSE halves, ran 8x slower than
-  // an AVX2 build on the Zen 4 EPYC (333 against 39 us for 64K values), slower than torch's
+  // the portable build's baseline clone (no AVX2) runs slower than torch's (docs/notes/code-measurements.md)
   if (!__builtin_cpu_supports("avx2")) return at::gelu_(x);
 #endif
   const int64_t D = x.dim() ? x.size(-1) : 1, rows = x.numel() / D;
@@ -233,7 +232,7 @@ at::Tensor gelu_in_place(at::Tensor x) {
   return x;
 }
 
-// b + x W through oneDNN with W prepacked for it (`imagegen.model.layers.pack`: torch.ops.mkldnn.
+// b + x W through oneDNN with W prepacked for it (`imagegen.ops.layout.pack`: torch.ops.mkldnn.
 // _reorder_linear_weight of W^T, an opaque (O, K) tensor): torch.ops.mkldnn._linear_pointwise, the
 // op torch.compile uses for frozen CPU linears, which skips repacking W at every call.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
@@ -253,7 +252,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& W, const at::Tens
                   b.scalar_type() == at::kFloat && b.is_contiguous() && b.numel() == O && x.dim() == 2 &&
                   x.size(1) == K,
               "decode_linear: panel weights must be contiguous float32 (O / ", kPanel, ", K, ", kPanel,
-              ") with an O-long float32 bias and x (N, K); see imagegen.model.layers.panels");
+              ") with an O-long float32 bias and x (N, K); see imagegen.ops.layout.panels");
   const auto xc = x.to(at::kFloat).contiguous();
   auto out = at::empty({N, O}, W.options());
   const float *xp = xc.data_ptr<float>(), *Wp = W.data_ptr<float>(), *bp = b.data_ptr<float>();

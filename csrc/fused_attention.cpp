@@ -122,7 +122,7 @@ inline __attribute__((always_inline)) void attention_forward_head(
     }
     update_and_read(state, kf_s, v_s, qf_s, o_s, n, E, Mp);
     // z after S: the state read front to back (S, then z, then the next pair's S), one stream that the
-    // CPU's prefetch follows; z first stalled each decoding step's pair on its own line (issue 46)
+    // CPU's prefetch follows; z first stalled each decoding step's pair (docs/notes/code-measurements.md)
     for (int s = 0; s < n; ++s) {  // out's rows lie H rows apart: streamed (stream), not read in before the write
       for (int64_t i = 0; i < Ep; i += kSweep<T>) sstore(z + i, sload(z + i) + sload(kf_s[s] + i));
       inv[t0 + s] = T(1) / (dot(qf_s[s], z, Ep) + eps);
@@ -158,7 +158,7 @@ inline __attribute__((always_inline)) void grad_through_phi(T* __restrict__ grad
 // and phi'(x) = min(phi(x), 1) turns the feature gradients into grad q, grad k.
 // Each sweep prepares its rows kRowBlock = kSteps positions at a time, just before the state pass
 // that uses them, so that their loads (and phi's exps) overlap the previous pass's multiply-adds
-// (blocks of 64 rows prepared apart from the passes measured 8-10% slower); phi(q), phi(k), gn
+// (docs/notes/code-measurements.md); phi(q), phi(k), gn
 // and gd are computed by the first sweep for the whole sequence and read back by the second
 // (cheaper than the exps again).
 // v (and out, for gd) are read in place where they are float rows (the sweeps read v's values one

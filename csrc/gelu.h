@@ -4,7 +4,7 @@
 // with Q a polynomial and 2^ computed inline. Within 2.6e-7 of the exact value over every finite float32
 // (checked exhaustively with AVX-512 and AVX2 vectors; the rounding of an output near 4 alone is up to
 // 2.4e-7; torch's own float32 GELU is 1.2e-6 off): docs/notes/speed.md, "decode_step's own GELU". torch's
-// float32 erf takes an exp and a division a vector; this one ran 1.3-1.5x faster on a Zen 4 EPYC.
+// float32 erf takes an exp and a division a vector; this one is faster (docs/notes/code-measurements.md).
 // Q is fitted for |x| <= 5.544, where Phi(-|x|) is above 2^-26; beyond, it falls monotonically to -inf,
 // so gelu(x) is x for large x, and 0 for very negative x (torch's float32 GELU is so there too: its erf
 // rounds to -1 and 1). NaN gives NaN, +inf +inf, -inf -0 (the limit; torch's float32 GELU gives NaN for

@@ -106,9 +106,7 @@ CP_VNNI void quantize_row_vnni(const float* x, uint8_t* xu, float* sx, int64_t K
 // acc + the 4-byte dot products of u (unsigned) and s (signed) per int32 lane: vpdpbusd through inline
 // asm, its value passed in and out (no address taken, so the sums stay in registers). GCC 12 compiles
 // _mm512_dpbusd_epi32 in int8_panel_vnni's loop with two register copies per vpdpbusd (each sum copied
-// out and back every group), which took half the vector unit's slots: 4 rows ran at 112 GMAC/s against
-// 206-230 through this (a standalone copy of the loop, 16-256 rows, AMD EPYC family 25 model 17, whose
-// vpdpbusd peak measured 232 GMAC/s; docs/notes/speed.md, issue 46's batches).
+// out and back every group), which took half the vector unit's slots (docs/notes/code-measurements.md).
 CP_VNNI inline __attribute__((always_inline)) __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
   return acc;

@@ -69,7 +69,7 @@ inline __attribute__((always_inline)) void causal_dot_head(
 }
 
 // grad_v and grad_k of one (n, h) pair in one reverse sweep (two sweeps, one each, read the rows twice:
-// the backward 1.02-1.05x slower on AMD EPYC family 25 model 17): the states S' = sum_{j>=t} q_j g_j^T (E, Mp) and S'^T (M, Ep) advanced from the same
+// docs/notes/code-measurements.md): the states S' = sum_{j>=t} q_j g_j^T (E, Mp) and S'^T (M, Ep) advanced from the same
 // kSteps rows at a time, grad_v_t = S'_t^T k_t, grad_k_t = S'_t v_t, both streamed out. q, k (L, E);
 // v, g (L, M); work: reverse_scratch<T>(E, M) values.
 template <typename T>

@@ -272,7 +272,7 @@ inline __attribute__((always_inline)) T hsum(Vec x) {
 }
 
 // On sweep vectors: with AVX2, GCC split 64-byte vectors in short loops like this one through the
-// stack, and the halves' stores stalled the next loads (issue 22).
+// stack, and the halves' stores stalled the next loads (docs/notes/code-measurements.md).
 template <typename T>
 inline __attribute__((always_inline)) T dot(const T* a, const T* b, int64_t Dp) {  // Dp: a multiple of kBlock
   svec_t<T> acc = {};

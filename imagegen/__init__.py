@@ -3,9 +3,20 @@
 `imagegen.load(name_or_path)` returns a model to generate, complete and score with (imagegen/api.py);
 the commands are imagegen-train, -eval, -sample, -bench, -plot, -export and -convert."""
 
+from __future__ import annotations
 
-def load(name_or_path="mnist-linear", device="cpu", threads=0):
-    """A trained model (a shipped name, a .safetensors or a .pt file); see imagegen.api.Model.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from .api import Model
+
+__all__ = ["load"]
+
+
+def load(name_or_path: str = "mnist-linear", device: str | torch.device = "cpu", threads: int | None = 0) -> Model:
+    """A trained model (a shipped name, a .safetensors or a .pt file); see imagegen.api.load and Model.
     threads (CPU): 0 fits torch's thread count to the cores free now, N sets N (at most the cores),
     None leaves it."""
     from .api import load as _load          # torch is imported on first use, not by `import imagegen`

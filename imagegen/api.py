@@ -18,7 +18,11 @@ look again when the last look is over threads.LOOK_SECONDS old (0.2 s; docs/thre
 sets N; threads=None leaves torch's thread count alone. On the CPU, load() also sets glibc's malloc to
 keep freed memory, as every command does (imagegen.ops.allocator.for_device).
 """
+from __future__ import annotations
+
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import torch
@@ -32,17 +36,29 @@ from .memory import check_grid_fits, check_images_fit, sampling_batch
 from .say import say
 from .model.transformer import model_dims
 from .ops.allocator import for_device
-from .precision import resolve_precision
+from .precision import decide_precision
 from .sampling.decode import generate, grid, resolve_sampler, to_images
 from .bits_per_dim import bits_per_dim
 
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
-def load(name_or_path=shipped.DEFAULT, device="cpu", threads=0):
-    """The model a checkpoint= value names (shipped name, .safetensors with its .json, or .pt), checked
-    as every command checks it, on `device`, in evaluation mode. threads (CPU): 0 fits torch's thread
-    count to the cores free now (and the methods look again every few minutes), N sets N (at most the
-    cores this process may run on; more is capped, in one line), None leaves it alone. device: cpu,
-    cuda, cuda:N, auto (cuda when torch sees a GPU) or a torch.device."""
+Labels = Union[int, str, Sequence[Union[int, str]], None]   # one class (number or name) for all images, or one each
+
+
+def load(name_or_path: str = shipped.DEFAULT, device: str | torch.device = "cpu", threads: int | None = 0) -> Model:
+    """The model a checkpoint= value names, checked as every command checks it, in evaluation mode.
+
+    Args:
+        name_or_path: a shipped name, a .safetensors with its .json, or a .pt file.
+        device: cpu, cuda, cuda:N, auto (cuda when torch sees a GPU) or a torch.device.
+        threads: on the CPU, 0 fits torch's thread count to the cores free now (and the methods look
+            again every few minutes), N sets N (at most the cores this process may run on; more is
+            capped, in one line), None leaves it alone.
+
+    Returns:
+        The loaded Model.
+    """
     check_sampling(threads=threads)
     device = check_device(device)
     path = shipped.resolve(name_or_path)
@@ -80,18 +96,33 @@ class Model:
             self._looked = time.monotonic()
 
     @property
-    def class_names(self):
+    def class_names(self) -> list[str]:
         """Names of the classes labels refer to (empty for an unconditional model)."""
         return list(self.info.class_names) if self.module.num_classes else []
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
+        """Where the model's parameters are."""
         return next(self.module.parameters()).device
 
-    def generate(self, n=None, labels=None, temperature=1.0, guidance=None, seed=0, precision="float32",
-                 batch_size=64, progress=False):
-        """n images (N, H, W, C) uint8; labels: one class (number or name) for all, or one per image (n
-        defaults to their count, else 16), none: p(x | no label); guidance: None takes the model's default."""
+    def generate(self, n: int | None = None, labels: Labels = None, temperature: float = 1.0,
+                 guidance: float | None = None, seed: int = 0, precision: str = "float32", batch_size: int = 64,
+                 progress: bool = False) -> np.ndarray:
+        """Sample new images.
+
+        Args:
+            n: how many (default: the labels' count, else 16).
+            labels: one class (number or name) for all, or one per image; None: p(x | no label).
+            temperature: sharpens (< 1) or flattens (> 1) the model's distribution.
+            guidance: classifier-free guidance; None takes the model's default.
+            seed: the draws' seed (the same seed, the same bytes).
+            precision: the products' precision, float32, bfloat16, auto or int8 (precision.decide_precision).
+            batch_size: images drawn at a time.
+            progress: show a progress bar.
+
+        Returns:
+            (N, H, W, C) uint8 images.
+        """
         self._fit_threads()
         labels = self._labels(labels)
         n = n if n is not None else (len(labels) if labels is not None and len(labels) > 1 else 16)
@@ -102,12 +133,22 @@ class Model:
                         dtype=self._dtype(precision, batch_size, n), progress=progress)
         return to_images(seqs, self.info)
 
-    def complete(self, images, rows=None, n=1, labels=None, temperature=1.0, guidance=None, seed=0,
-                 precision="float32", batch_size=64):
-        """Keep the top `rows` image rows (default: half) of images (B, H, W, C) uint8 and sample the
-        rest n times each: (B, n, H, W, C) uint8 (model.grid tiles it, a row per image). labels: the
-        images' classes (one for all, or one per image); a class-conditional model without them completes
-        from p(x | no label)."""
+    def complete(self, images: np.ndarray, rows: int | None = None, n: int = 1, labels: Labels = None,
+                 temperature: float = 1.0, guidance: float | None = None, seed: int = 0, precision: str = "float32",
+                 batch_size: int = 64) -> np.ndarray:
+        """Keep the top rows of images and sample the rest n times each.
+
+        Args:
+            images: (B, H, W, C) uint8.
+            rows: the image rows kept (default: half).
+            n: completions per image.
+            labels: the images' classes (one for all, or one per image); a class-conditional model
+                without them completes from p(x | no label).
+            temperature, guidance, seed, precision, batch_size: as in `generate`.
+
+        Returns:
+            (B, n, H, W, C) uint8 (model.grid tiles it, a row per image).
+        """
         self._fit_threads()
         check_sampling(n=n, batch_size=batch_size, temperature=temperature, guidance=guidance, seed=seed)
         images = self._images(images)
@@ -126,12 +167,21 @@ class Model:
     def _dtype(self, precision, batch_size, n):
         """The products' dtype `precision` resolves to at the batch sampling n images runs (sampling_batch)."""
         batch = sampling_batch(self.module, batch_size, n, self.sampler, self.device)
-        return resolve_precision(precision, self.device, dims=model_dims(self.module), batch=batch, record=self.record)
+        return decide_precision(precision, self.device, dims=model_dims(self.module), batch=batch,
+                                record=self.record).value
 
-    def bits_per_dim(self, images, labels=None, batch_size=32):
-        """Exact bits/dim of images (B, H, W, C) uint8 under p(x | label), given their labels (one per image,
-        or one for all) for a class-conditional model; without labels such a model scores p(x | no label),
-        and says so in one line on stderr."""
+    def bits_per_dim(self, images: np.ndarray, labels: Labels = None, batch_size: int = 32) -> float:
+        """Exact bits/dim of images under p(x | label).
+
+        Args:
+            images: (B, H, W, C) uint8.
+            labels: for a class-conditional model, one per image or one for all; without them such a
+                model scores p(x | no label), and says so in one line on stderr.
+            batch_size: images scored at a time.
+
+        Returns:
+            The mean bits per sub-pixel.
+        """
         self._fit_threads()
         check_sampling(batch_size=batch_size)
         images = self._images(images)
@@ -142,11 +192,20 @@ class Model:
         x = torch.from_numpy(images.reshape(len(images), -1))
         return bits_per_dim(self.module, x, batch_size, self.device, labels=labels)
 
-    def load_split(self, split="test", n=None, root=None, download=None):
-        """(images (N, H, W, C) uint8, labels (N,) int64) of a split (test, val or train) of the dataset
-        this model was trained on, read as the commands read it: from root, else the model's recorded
-        data root (a shipped model: $IMAGEGEN_DATA/<name>, else data/<name>); download: None keeps the
-        model's setting (True fetches missing official files). n: only the first n images."""
+    def load_split(self, split: str = "test", n: int | None = None, root: str | None = None,
+                   download: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A split of the dataset this model was trained on, read as the commands read it.
+
+        Args:
+            split: test, val or train.
+            n: only the first n images.
+            root: the data folder; None: the model's recorded data root (a shipped model:
+                $IMAGEGEN_DATA/<name>, else data/<name>).
+            download: None keeps the model's setting (True fetches missing official files).
+
+        Returns:
+            (images (N, H, W, C) uint8, labels (N,) int64).
+        """
         if n is not None:
             check_sampling(n=n)
         ((x, y),) = load_from_config(self.config["data"], (split,), {"root": root, "download": download},
@@ -156,9 +215,17 @@ class Model:
         seqs = x[:count] if isinstance(x, torch.Tensor) else torch.stack([x[i] for i in range(count)])
         return to_images(seqs, self.info).copy(), torch.as_tensor(y[:count]).numpy().astype(np.int64)
 
-    def grid(self, images, nrow=None, scale=4):
-        """A PIL image tiling images (B, H, W, C) uint8, nrow per row (default 8), or complete's result
-        (B, n, H, W, C), a row per original (nrow default: n); upscaled `scale` times."""
+    def grid(self, images: np.ndarray, nrow: int | None = None, scale: int = 4) -> Image:
+        """Tile images into one picture.
+
+        Args:
+            images: (B, H, W, C) uint8, or complete's result (B, n, H, W, C), a row per original.
+            nrow: tiles per row (default 8; for complete's result, n).
+            scale: how many times each pixel is enlarged.
+
+        Returns:
+            A PIL image.
+        """
         images = self._images(images, completions=True)
         if images.ndim == 5:
             nrow = images.shape[1] if nrow is None else nrow
@@ -169,7 +236,7 @@ class Model:
         return grid(images, nrow=nrow, scale=scale)
 
     @property
-    def sampler(self):
+    def sampler(self) -> str:
         """How this model samples: step (an RNN or KV cache) or recompute (LSH)."""
         return resolve_sampler(self.module, "auto")
 

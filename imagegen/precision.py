@@ -3,7 +3,7 @@ evaluation), int8 for sampling and evaluation where asked.
 
 Training (train.bf16): matrix products run in bfloat16 (float32 accumulation); parameters,
 optimizer state, the linear attention's sums (`imagegen.ops.linear_attention`) and the loss stay
-float32. Sampling and evaluation (precision=float32|bfloat16|auto|int8): see `resolve_precision`.
+float32. Sampling and evaluation (precision=float32|bfloat16|auto|int8): see `decide_precision`.
 int8 (sampling and evaluation on the CPU): the Dense products with 8-bit weights (but those the model
 keeps out of int8, `ops.dense.int8_keeps`), see `imagegen.ops.int8`. Sampling's `auto` takes int8
 only for a model whose int8 cost in bits/dim was recorded (`int8_cost`: imagegen-convert scores its check
@@ -25,10 +25,11 @@ import torch
 from .dtypes import INT8, autocast, dtype_name
 from .errors import UserError
 from .ops.build import kernel_error, load_kernel
-from .ops.dense import Dense, dense
+from .ops.dense import Dense, dense, int8_keeps
 from .ops.int8 import can_int8, int8_form
 from .ops.layout import PACK_MIN_ROWS, pack
 from .tuning import probe
+from .tuning.choice import Choice
 from .tuning.machine import fast_bf16
 
 PRECISIONS = ("float32", "bfloat16", "auto", "int8")
@@ -102,6 +103,18 @@ def int8_products(batch, d_model, d_ff):
     return measure
 
 
+def keep_out_of_int8(model):
+    """Mark the products a PixelTransformer keeps out of int8 (`ops.dense.int8_keeps`): its head in float32 and
+    its first block's feed-forward input in bfloat16 (float32 where this CPU's bfloat16 is not faster), where
+    8-bit activations cost the most bits/dim (docs/speed.md). One rule for decoding and whole forward passes:
+    every loaded model (`store.checkpoint.model_from_checkpoint`) and every int8 run (`sampling.plan.
+    decoding_state`, `sampling.decode.int8_forward`) applies it, so evaluation scores what sampling computes.
+    Returns model."""
+    int8_keeps([model.proj], torch.float32)
+    int8_keeps([model.blocks[0].ff[0]], torch.bfloat16)
+    return model
+
+
 def int8_cost(record):
     """The bits/dim int8 products cost a shipped model, as imagegen-convert recorded them (record's
     int8_check: int8's minus float32's over the same test images), or None where none is recorded."""
@@ -153,23 +166,17 @@ def auto_bf16(device, dims=None, batch=None, backward=True):
     return fast, why
 
 
-def use_bf16(setting, device, key="train.bf16", dims=None):
-    """The bf16 setting (auto, true or false) resolved for `device`; dims (d_model, d_ff): see `auto_bf16`."""
-    if setting == "auto":
-        return auto_bf16(device, dims)[0]
-    if isinstance(setting, bool):
-        return setting
-    raise UserError(f"{key} must be auto, true or false, not {setting!r}.")
-
-
-def bf16_reason(setting, device, dims=None):
-    """Which precision training runs in and why, for the training header."""
+def decide_bf16(setting, device, key="train.bf16", dims=None):
+    """The bf16 setting (auto, true or false) resolved for `device` -> Choice(bfloat16?, the training header's
+    words on the precision and why); dims (d_model, d_ff): see `auto_bf16`."""
     if setting == "auto":
         fast, why = auto_bf16(device, dims)
-        return f"{'bfloat16 autocast' if fast else 'float32'} (train.bf16=auto: {why})"
+        return Choice(fast, f"{'bfloat16 autocast' if fast else 'float32'} (train.bf16=auto: {why})")
+    if not isinstance(setting, bool):
+        raise UserError(f"{key} must be auto, true or false, not {setting!r}.")
     fast, why = fast_bf16(device)
     slow = f"; slow here: {why}, so bfloat16 products are emulated" if setting and not fast else ""
-    return f"{'bfloat16 autocast' if setting else 'float32'} (train.bf16={str(setting).lower()}{slow})"
+    return Choice(setting, f"{'bfloat16 autocast' if setting else 'float32'} (train.bf16={str(setting).lower()}{slow})")
 
 
 def slow_bf16_note(dtype, device):
@@ -180,11 +187,12 @@ def slow_bf16_note(dtype, device):
     return f"note: bfloat16 is slow here ({why}): its products are emulated, many times slower than float32."
 
 
-def resolve_precision(setting, device, key="precision", dims=None, batch=None, choices=PRECISIONS, record=None):
-    """precision=float32|bfloat16|auto|int8 -> torch.float32, torch.bfloat16 or dtypes.INT8 (torch.qint8:
-    int8 Dense products, CPU only); auto: int8 for sampling (batch given) where `auto_int8` says so for the
-    model's record (a shipped model's; None: never), else bfloat16 where faster; dims (d_model, d_ff) and
-    batch: the sampler's products to measure, see `auto_bf16`. choices: the settings allowed."""
+def decide_precision(setting, device, key="precision", dims=None, batch=None, choices=PRECISIONS, record=None):
+    """precision=float32|bfloat16|auto|int8 -> Choice(torch.float32, torch.bfloat16 or dtypes.INT8 (torch.qint8:
+    int8 Dense products, CPU only), why auto chose it ("" for the other settings)); auto: int8 for sampling
+    (batch given) where `auto_int8` says so for the model's record (a shipped model's; None: never), else
+    bfloat16 where faster; dims (d_model, d_ff) and batch: the sampler's products to measure, see `auto_bf16`.
+    choices: the settings allowed."""
     if setting not in choices:
         raise UserError(f"{key} must be one of {', '.join(choices)}, not {setting!r}.")
     if setting == "int8":
@@ -193,22 +201,14 @@ def resolve_precision(setting, device, key="precision", dims=None, batch=None, c
                             f"float32 or bfloat16 on {device.type}.")
         if (why := can_int8()) is not None:
             raise UserError(f"{key}=int8 is not available: {why}; use float32.")
-        return INT8
-    if setting == "auto":
-        if batch is not None and auto_int8(device, dims, batch, int8_cost(record))[0]:
-            return INT8
-        setting = "bfloat16" if auto_bf16(device, dims, batch, backward=False)[0] else "float32"
-    return torch.bfloat16 if setting == "bfloat16" else torch.float32
-
-
-def precision_reason(setting, device, dims=None, batch=None, record=None):
-    """Why precision=auto resolved as it did (for the sampler's speed line); '' for other settings."""
+        return Choice(INT8)
     if setting != "auto":
-        return ""
+        return Choice(torch.bfloat16 if setting == "bfloat16" else torch.float32)
     int8, why = auto_int8(device, dims, batch, int8_cost(record)) if batch is not None else (False, None)
     if int8:
-        return f": {why}"
-    return ": " + "; ".join(filter(None, [auto_bf16(device, dims, batch, backward=False)[1], why]))
+        return Choice(INT8, why)
+    bf16, bf16_why = auto_bf16(device, dims, batch, backward=False)
+    return Choice(torch.bfloat16 if bf16 else torch.float32, "; ".join(filter(None, [bf16_why, why])))
 
 
 def resolve_precisions(settings, device, key, choices=PRECISIONS):
@@ -216,7 +216,7 @@ def resolve_precisions(settings, device, key, choices=PRECISIONS):
     sampling) -> (the distinct dtype names to measure, in order; a line saying why bfloat16 is left
     out or slow here, or None). `auto` adds bfloat16 only where it is fast, so the defaults do not
     spend an hour on emulated products; it never adds int8."""
-    names = list(dict.fromkeys(dtype_name(resolve_precision(s, device, key, choices=choices)) for s in settings))
+    names = list(dict.fromkeys(dtype_name(decide_precision(s, device, key, choices=choices).value) for s in settings))
     if "bfloat16" in names:
         return names, slow_bf16_note(torch.bfloat16, device)
     if "auto" in settings:

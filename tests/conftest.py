@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.append(str(Path(__file__).parent.parent))     # tools/ (research scripts beside the package), after imagegen's
 from fixtures import write_cifar, write_mnist  # noqa: E402
 
 # Tests never reach the network: a dataset download (data.download defaults to true) goes to a
@@ -37,7 +38,7 @@ def kernel_compiles_again():
     (tests/commands.call) must not leave the C++ kernel's compile off for the tests after it."""
     yield
     from imagegen.ops import build
-    build._compile[0] = True
+    build.switches.compile = True
 
 
 @pytest.fixture

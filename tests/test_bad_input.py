@@ -10,6 +10,7 @@ import imagegen
 from commands import call, one_line_error
 from fixtures import one_sentence
 from imagegen.errors import UserError
+from imagegen.tuning.choice import Choice
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,7 @@ def test_sample_runs_at_the_batch_it_draws(tmp_path, monkeypatch):
     """num_images=2 batch_size=1000000000: precision=auto timed products at batch 10^9 (512 GB, a traceback)."""
     from imagegen.commands import sample
     asked = {}
-    monkeypatch.setattr(sample, "resolve_precision", lambda setting, device, **kw: asked.update(kw) or torch.float32)
+    monkeypatch.setattr(sample, "decide_precision", lambda s, d, **kw: asked.update(kw) or Choice(torch.float32))
     monkeypatch.setattr(sample, "generate", lambda model, n, **kw: asked.update(batch_size=kw["batch_size"])
                         or torch.zeros(n, 784, dtype=torch.uint8))
     proc = call("imagegen-sample", "num_images=2", "batch_size=1000000000", "labels=none", "threads=1", "scale=1",

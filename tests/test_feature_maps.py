@@ -160,10 +160,11 @@ def test_one_call_step_for_other_maps_in_int8_and_bfloat16(feature_map, cpu_kern
     LayerNorm and residual adds are torch's, the step's fused), and stays near float32."""
     from imagegen.dtypes import INT8
     from imagegen.ops.int8 import forced_product
+    from imagegen.precision import keep_out_of_int8
     cfg = {"attention": "linear", "n_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "head": "categorical",
            "attention_options": {"feature_map": feature_map, **({"n_features": 16} if feature_map == "favor" else {})}}
     torch.manual_seed(0)
-    model = build_model(cfg, dataset_info("mnist")).eval()
+    model = keep_out_of_int8(build_model(cfg, dataset_info("mnist")).eval())     # as a loaded model
     tokens = torch.cat([torch.full((3, 1), 256), torch.randint(0, 256, (3, 19))], 1)
 
     def steps(dtype, whole_model_kernel):

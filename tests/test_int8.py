@@ -115,13 +115,13 @@ def test_int8_sampling_returns_images(sampler):
 
 
 def test_int8_precision_is_asked_for_never_picked():
-    assert precision.resolve_precision("int8", CPU) == INT8 and dtype_name(INT8) == "int8"
+    assert precision.decide_precision("int8", CPU).value == INT8 and dtype_name(INT8) == "int8"
     assert precision_dtype("int8") == INT8 and precision_dtype("float32") == torch.float32
-    assert precision.resolve_precision("auto", CPU) in (torch.float32, torch.bfloat16)
+    assert precision.decide_precision("auto", CPU).value in (torch.float32, torch.bfloat16)
     assert precision.resolve_precisions(["float32", "auto"], CPU, "k")[0] in (["float32"], ["float32", "bfloat16"])
     assert precision.resolve_precisions(["float32", "int8"], CPU, "k")[0] == ["float32", "int8"]
     with pytest.raises(UserError, match="CPU only"):
-        precision.resolve_precision("int8", torch.device("cuda"))
+        precision.decide_precision("int8", torch.device("cuda"))
     with pytest.raises(UserError, match="train_precisions must be one of float32, bfloat16, auto, not 'int8'"):
         precision.resolve_precisions(["int8"], CPU, "train_precisions", precision.FLOAT_PRECISIONS)
 
@@ -372,26 +372,29 @@ def test_int8_forward_quantizes_each_row_whatever_a_probe_picked(int8_kernel, mo
 def test_int8_decoding_takes_the_step_a_probe_measures(int8_kernel, monkeypatch, probes_on):
     """int8 decoding runs the one-call C++ step unless a probe of whole steps (keyed by the kernel's form, the
     batch and the model's shape) finds the module loop with fbgemm's products MARGIN times faster; with probes
-    off, wherever the kernel's int8 product has a vector form; inside forced_product, what it forces."""
-    from imagegen.model import int8_step
+    off, wherever the kernel's int8 product has a vector form; inside forced_product, what it forces. Sampling's
+    plan makes that choice (`sampling.plan.decoding_state`), not the model."""
+    from imagegen.sampling import plan
     from imagegen.ops.int8 import forced_product, int8_form
     from imagegen.tuning import probe
     model = scaled_model("linear", length=40)
     timings = {}
-    monkeypatch.setattr(int8_step, "time_steps", lambda m, batch: timings[batch])
+    monkeypatch.setattr(plan, "time_steps", lambda m, batch: timings[batch])
     timings.update({1: (1.0, 2.0), 256: (1.0, 0.5)})        # ms: (one-call, module loop with fbgemm)
-    one_call = model.init_state(1, CPU, INT8)
+    one_call = plan.decoding_state(model, 1, CPU, INT8)
     assert one_call.kernel is not None and isinstance(one_call.layers[0].attn.qkv[0], torch.Tensor)
-    loop = model.init_state(256, CPU, INT8)
+    loop = plan.decoding_state(model, 256, CPU, INT8)
     assert loop.kernel is None and not isinstance(loop.layers[0].attn.qkv[0], torch.Tensor)   # fbgemm's weight
     keys = sorted(k.split("/", 1)[1] for k in json.loads(probes_on.read_text())["entries"])
     assert [k for k in keys if k.startswith("int8-step")] == [f"int8-step:{int8_form()}:N{n}:D64:F128:L3:H4:C0"
                                                               for n in (1, 256)]
     with forced_product("kernel"):
-        assert model.init_state(256, CPU, INT8).kernel is not None
+        assert plan.decoding_state(model, 256, CPU, INT8).kernel is not None
+    monkeypatch.setattr(plan, "time_steps", lambda m, batch: pytest.fail("the model timed its own step"))
+    model.init_state(8, CPU, INT8)                       # the model holds no policy: it never probes
     monkeypatch.setenv("IMAGEGEN_PROBE", "0")
     assert probe.decide("anything", lambda: 1 / 0) is None
-    assert int8_step.int8_one_call(model, 256) == (int8_form() in ("vnni", "avx2"))
+    assert plan.int8_one_call(model, 256) == (int8_form() in ("vnni", "avx2"))
 
 
 def test_int8_form_variable_forces_a_form_or_says_what_runs(int8_kernel):
@@ -422,7 +425,10 @@ def test_int8_steps_compute_the_int8_forward(int8_kernel, one_call, bf16, monkey
     sampler computes; and the bits/dim of those steps is the forward's."""
     from imagegen.bits_per_dim import bits_per_dim
     from imagegen.ops.int8 import forced_product
+    from imagegen.precision import keep_out_of_int8
     model = scaled_model("linear", length=60)
+    assert not any(m.int8_keeps for m in model.modules() if isinstance(m, Dense))   # the model holds no int8 policy
+    keep_out_of_int8(model)
     monkeypatch.setattr(dense_module, "bf16_faster", lambda: bf16)                # the machine's verdict, both ways
     kept = {name: m.int8_keeps for name, m in model.named_modules() if isinstance(m, Dense) and m.int8_keeps}
     assert kept == {"blocks.0.ff.0": torch.bfloat16, "proj": torch.float32}

@@ -1,4 +1,4 @@
-"""The colour judge (imagegen.benchmarks.judge): it trains on a tiny CIFAR fixture and round-trips through
+"""The colour judge (tools.judge): it trains on a tiny CIFAR fixture and round-trips through
 its files, a changed byte in its weights is refused in one sentence, and label_accuracy reads the shipped
 judge for CIFAR-10 models (the small CNN for MNIST, or when asked for)."""
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fixtures import one_sentence
-from imagegen.benchmarks import judge, label_accuracy
+from tools import judge, label_accuracy
 from imagegen.data.splits import load_splits
 from imagegen.errors import UserError
 
@@ -31,7 +31,7 @@ def test_judge_trains_a_step_and_round_trips_through_its_files(cifar_root, judge
     assert meta["architecture"]["widths"] == [4, 8, 8] and meta["record"]["epochs"] == 1
     assert judge.accuracy(net, *test) == meta["record"]["test_accuracy"]      # the same net as the one trained
     card = judge_file.with_suffix(".md").read_text()
-    assert "python -m imagegen.benchmarks.judge --data-root" in card and "test accuracy" in card
+    assert "python -m tools.judge --data-root" in card and "test accuracy" in card
 
 
 def test_a_changed_byte_in_the_weights_is_refused(judge_file):

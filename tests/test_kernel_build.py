@@ -215,7 +215,7 @@ def test_prebuilt_only_never_compiles(tmp_path, monkeypatch):
     kernel = kernel_mod
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(kernel, "_modules", {})
-    monkeypatch.setattr(kernel, "_compile", [False])
+    monkeypatch.setattr(kernel.switches, "compile", False)
     with pytest.raises(kernel.KernelUnavailable, match="not built yet.*python -m imagegen.ops`"):
         kernel.load_kernel("cpu")
     assert not any(tmp_path.rglob("*.so"))
@@ -227,7 +227,7 @@ def test_prebuilt_error_neither_compiles_nor_remembers(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(kernel_mod, "_modules", {})
     assert "not built yet" in kernel_mod.prebuilt_error("cpu")
-    assert kernel_mod._modules == {} and kernel_mod._compile == [True]
+    assert kernel_mod._modules == {} and kernel_mod.switches.compile is True
     assert not any(tmp_path.rglob("*.so"))
 
 

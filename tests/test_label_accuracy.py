@@ -1,14 +1,15 @@
-"""The label-accuracy judge (imagegen.benchmarks.label_accuracy) on a colour model: its table's
+"""The label-accuracy judge (tools.label_accuracy) on a colour model: its table's
 columns, and a judge file that is written once and read back (the same test accuracy); samples at int8."""
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from commands import TINY, one_line_error, run
-from imagegen.benchmarks.label_accuracy import main
+from tools.label_accuracy import main
 
 
 @pytest.mark.slow
@@ -35,10 +36,10 @@ def test_judge_reads_a_colour_model_and_reuses_its_classifier(cifar_root, tmp_pa
 
 
 def test_benchmark_scripts_end_a_user_error_with_one_line(tmp_path):
-    """python -m imagegen.benchmarks.label_accuracy without its data: one line naming the fix, no traceback
+    """python -m tools.label_accuracy without its data: one line naming the fix, no traceback
     (every argparse benchmark's __main__ runs through errors.one_line)."""
     env = {**os.environ, "IMAGEGEN_DATA_MIRROR": "http://127.0.0.1:9"}          # nothing to download from
-    proc = subprocess.run([sys.executable, "-m", "imagegen.benchmarks.label_accuracy", "--data-root",
+    proc = subprocess.run([sys.executable, "-m", "tools.label_accuracy", "--data-root",
                            str(tmp_path / "nowhere"), "--per-class", "1"], capture_output=True, text=True, env=env,
-                          timeout=120)
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])     # tools/ is run from the root
     one_line_error(proc, "MNIST not found in")

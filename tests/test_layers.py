@@ -159,6 +159,41 @@ def test_the_graph_sees_imports_inside_functions():
     assert "imagegen.api" in g["imagegen"]                                    # an import inside load()
 
 
+def reached(g, start):
+    """Every module that `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for w in g[todo.pop()] - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
+def test_benchmarks_hold_only_what_imagegen_bench_runs():
+    g = graph()
+    held = {m for m in g if m.startswith("imagegen.benchmarks.")} - {"imagegen.benchmarks"}
+    paper = {"imagegen.benchmarks.paper_tables"}        # the paper's comparison: several mode=paper runs side by side
+    assert held - reached(g, "imagegen.commands.bench") == paper, "move research tools to tools/"
+
+
+def test_the_package_never_imports_the_research_tools():
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(n == "tools" or n.startswith("tools.") for n in names), name
+
+
+def test_the_model_holds_no_policy():
+    """model/ imports nothing that decides how it runs: no machine facts or probes (tuning), no precision,
+    no int8 selection (ops.int8): sampling's plan (sampling/plan.py) makes those choices."""
+    g = graph()
+    imported = {b for a, bs in g.items() if unit(a) == "model" for b in bs}
+    assert not {m for m in imported if unit(m) in ("tuning", "precision") or m == "imagegen.ops.int8"}
+    source = (PACKAGE / "model" / "transformer.py").read_text()
+    assert "int8_keeps(" not in source and "forced_product(" not in source     # nor marks or forces int8 itself
+
+
 if __name__ == "__main__":
     g = graph()
     found = circles(g)

@@ -159,17 +159,20 @@ def test_the_cpu_kernels_draw_is_the_references_byte_for_byte():
                        heads.inverse_cdf_reference(torch.softmax(torch.log(p), -1), u))
 
 
-def test_drawing_never_builds_or_loads_the_kernel(monkeypatch):
-    """A model whose attention does not load the CPU kernel (softmax, LSH) samples without it: the draw takes
-    the kernel only where this process has it loaded, so it never starts its minute-long first compile."""
+def test_the_draw_loads_the_kernel_in_a_fresh_process(monkeypatch):
+    """The draw's path is one rule (`draw_kernel`: the kernel wherever it builds), not whatever this process
+    loaded before: with nothing loaded yet (a softmax model's process), the draw loads the kernel itself."""
+    from fixtures import skip_without_cpu_kernel
     from imagegen.ops import build
-    monkeypatch.setattr(build, "_modules", {})
-    monkeypatch.setattr(build, "_build", lambda *a, **k: pytest.fail("the draw tried to build or load the kernel"))
+    if (why := build.kernel_error("cpu")) is not None:
+        skip_without_cpu_kernel(f"CPU kernel unavailable: {why}")
+    kernel = build._modules["cpu"]
+    monkeypatch.setattr(build, "_modules", {})                          # as a fresh process
+    monkeypatch.setattr(build, "_build", lambda *a, **k: kernel)
     head, params = LogisticMixture(10), extreme_mixtures(8, 10).float()
     u = torch.rand(8, generator=torch.Generator().manual_seed(3))
-    want = heads.inverse_cdf_reference(head.probs_reference(params), u[:, None])
-    assert torch.equal(sample(head, params, uniforms=u), want)
-    assert build._modules == {}
+    assert torch.equal(sample(head, params, uniforms=u), kernel.inverse_cdf(kernel.mixture_probs(params), u))
+    assert build._modules == {"cpu": kernel}
 
 
 def test_mixture_probabilities_and_draws_fall_back_to_pytorch_without_the_kernel(monkeypatch):
@@ -180,7 +183,7 @@ def test_mixture_probabilities_and_draws_fall_back_to_pytorch_without_the_kernel
     head, params = LogisticMixture(10), extreme_mixtures(8, 10).float()
     u = torch.rand(8, generator=torch.Generator().manual_seed(3))
     with_kernel = sample(head, params, uniforms=u)
-    monkeypatch.setattr(heads, "loaded_kernel", lambda device_type: None)
+    monkeypatch.setattr(heads, "draw_kernel", lambda: None)
     assert torch.equal(head.probs(params), head.probs_reference(params))
     assert torch.equal(sample(head, params, uniforms=u), heads.inverse_cdf_reference(head.probs(params), u[:, None]))
     assert (sample(head, params, uniforms=u).long() - with_kernel.long()).abs().max() <= 1   # float32 rounding apart

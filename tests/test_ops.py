@@ -58,10 +58,10 @@ def test_default_chunk_size_follows_head_dim():
 
 def test_auto_rule_on_cpu(cpu_kernel):
     q, _, v = make_qkv(1, 1, 4, 256, 257)
-    assert ops.choose_impl(q, v) == "kernel"                        # no grad needed: kernel
-    assert ops.choose_impl(q.requires_grad_(), v) == "chunked"     # training at E, M > 193
+    assert ops.decide_impl(q, v).value == "kernel"                        # no grad needed: kernel
+    assert ops.decide_impl(q.requires_grad_(), v).value == "chunked"     # training at E, M > 193
     q, _, v = make_qkv(1, 1, 4, 32, 33)
-    assert ops.choose_impl(q.requires_grad_(), v) == "kernel"
+    assert ops.decide_impl(q.requires_grad_(), v).value == "kernel"
 
 
 def test_kernel_gradcheck(cpu_kernel):
@@ -125,7 +125,7 @@ def test_cpu_bfloat16_numerator_and_half_fallback(impl, request):
     got = out_and_grads(lambda *t: ops.causal_product(*t, impl=impl), *(t.bfloat16() for t in (q, k, v)))
     assert all(t.dtype == torch.bfloat16 for t in got)
     assert_close_all(got, out_and_grads(causal_product_reference, q, k, v), rtol=0.05, atol=0.1)
-    assert ops.choose_impl(q.half(), v.half()) == "chunked"
+    assert ops.decide_impl(q.half(), v.half()).value == "chunked"
 
 
 @pytest.mark.parametrize("impl", ["chunked", "auto"])
@@ -186,7 +186,7 @@ def test_disabled_kernel_says_why(monkeypatch):
     assert "IMAGEGEN_DISABLE_KERNEL" in kernel_mod.kernel_error("cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert ops.choose_impl(*make_qkv(1, 1, 4, 2, 2)[::2]) == "chunked"
+        assert ops.decide_impl(*make_qkv(1, 1, 4, 2, 2)[::2]).value == "chunked"
 
 
 @pytest.mark.parametrize("shapes, match", [
@@ -446,11 +446,11 @@ def test_cuda_non_contiguous_and_limits(cuda_kernel):
     got = out_and_grads(lambda *t: ops.causal_product(*t, impl="kernel"), q, k, v)
     want = out_and_grads(causal_product_reference, *(t.cpu().double() for t in (q, k, v)))
     assert_close_all([t.cpu() for t in got], want, rtol=1e-4, atol=1e-4)
-    assert ops.choose_impl(q, v) == "chunked"                      # the bare numerator: auto takes chunked
+    assert ops.decide_impl(q, v).value == "chunked"                      # the bare numerator: auto takes chunked
     big = make_qkv(1, 1, 4, 257, 2, dtype=torch.float32, device="cuda")
     with pytest.raises(ValueError, match="E, M <= 256"):
         ops.causal_product(*big, impl="kernel")
-    assert ops.choose_impl(big[0], big[2]) == "chunked"
+    assert ops.decide_impl(big[0], big[2]).value == "chunked"
 
 
 @pytest.mark.cuda

@@ -8,6 +8,7 @@ import torch
 from imagegen import precision
 from imagegen.tuning import machine
 from imagegen.errors import UserError
+from imagegen.tuning.choice import Choice
 from imagegen.ops.dense import dense
 from imagegen.ops.layout import PACK_MIN_ROWS, can_pack, pack, panel_width, panels
 from commands import TINY, eval_at, one_line_error, run
@@ -26,12 +27,12 @@ def test_capability_rule_on_mocked_cpu_reports(monkeypatch, report, fast, why):
     ok, reason = machine.fast_bf16(CPU, report)
     assert ok is fast and why in reason
     monkeypatch.setattr(machine, "cpu_bf16_report", lambda: report)
-    assert precision.use_bf16("auto", CPU) is fast
-    assert precision.use_bf16(False, CPU) is False and precision.use_bf16(True, CPU) is True
-    assert precision.resolve_precision("auto", CPU) == (torch.bfloat16 if fast else torch.float32)
-    assert precision.resolve_precision("float32", CPU) == torch.float32
-    assert precision.resolve_precision("bfloat16", CPU) == torch.bfloat16
-    header = precision.bf16_reason("auto", CPU)
+    assert precision.decide_bf16("auto", CPU).value is fast
+    assert precision.decide_bf16(False, CPU).value is False and precision.decide_bf16(True, CPU).value is True
+    assert precision.decide_precision("auto", CPU).value == (torch.bfloat16 if fast else torch.float32)
+    assert precision.decide_precision("float32", CPU).value == torch.float32
+    assert precision.decide_precision("bfloat16", CPU).value == torch.bfloat16
+    header = precision.decide_bf16("auto", CPU).reason
     assert header.startswith("bfloat16 autocast" if fast else "float32") and why in header
 
 
@@ -42,12 +43,13 @@ def test_slow_bfloat16_asked_for_says_so(monkeypatch):
     monkeypatch.setattr(machine, "cpu_bf16_report", lambda: SLOW)
     assert "emulated" in precision.slow_bf16_note(torch.bfloat16, CPU)
     assert precision.slow_bf16_note(torch.float32, CPU) is None
-    assert precision.bf16_reason(True, CPU) == ("bfloat16 autocast (train.bf16=true; slow here: CPU has neither "
-                                                "AMX nor AVX512-BF16, so bfloat16 products are emulated)")
-    assert precision.bf16_reason(False, CPU) == "float32 (train.bf16=false)"
+    assert precision.decide_bf16(True, CPU) == Choice(True, "bfloat16 autocast (train.bf16=true; slow here: CPU has "
+                                                            "neither AMX nor AVX512-BF16, so bfloat16 products are "
+                                                            "emulated)")
+    assert precision.decide_bf16(False, CPU).reason == "float32 (train.bf16=false)"
     monkeypatch.setattr(machine, "cpu_bf16_report", lambda: FAST)
     assert precision.slow_bf16_note(torch.bfloat16, CPU) is None
-    assert precision.bf16_reason(True, CPU) == "bfloat16 autocast (train.bf16=true)"
+    assert precision.decide_bf16(True, CPU).reason == "bfloat16 autocast (train.bf16=true)"
 
 
 @pytest.mark.parametrize("report, settings, names, note", [
@@ -89,7 +91,7 @@ def test_cpuinfo_parser_reads_the_flags_line(monkeypatch, tmp_path):
 
 def test_bad_precision_is_one_sentence():
     with pytest.raises(UserError, match="precision must be one of float32, bfloat16, auto, int8, not 'half'"):
-        precision.resolve_precision("half", CPU)
+        precision.decide_precision("half", CPU)
 
 
 # Tolerance of bfloat16 decoding, stated: over 300 steps, every distribution parameter within

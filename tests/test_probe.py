@@ -112,9 +112,9 @@ def test_probes_off_fall_back_to_the_rules(probes_on, monkeypatch, var):
     assert probe.decide("x", timer) is None and timer.calls == 0 and not probes_on.exists()
     for report, fast in (({"amx": False, "avx512_bf16": True}, True), ({"amx": False, "avx512_bf16": False}, False)):
         monkeypatch.setattr(machine, "cpu_bf16_report", lambda report=report: report)
-        assert precision.use_bf16("auto", CPU, dims=(16, 32)) is fast
-        assert "measured" not in precision.bf16_reason("auto", CPU, (16, 32))
-        assert precision.resolve_precision("auto", CPU, dims=(16, 32), batch=4) == (
+        assert precision.decide_bf16("auto", CPU, dims=(16, 32)).value is fast
+        assert "measured" not in precision.decide_bf16("auto", CPU, dims=(16, 32)).reason
+        assert precision.decide_precision("auto", CPU, dims=(16, 32), batch=4).value == (
             torch.bfloat16 if fast else torch.float32)
 
 
@@ -123,14 +123,14 @@ def test_auto_precision_by_measurement(probes_on, monkeypatch, bf16_ms, picks):
     # the flags say fast, the measurement decides
     monkeypatch.setattr(machine, "cpu_bf16_report", lambda: {"amx": True, "avx512_bf16": True})
     monkeypatch.setattr(probe, "best_ms", lambda *a, **k: (10.0, bf16_ms))
-    assert precision.use_bf16("auto", CPU, dims=(16, 32)) is (picks == torch.bfloat16)
-    header = precision.bf16_reason("auto", CPU, (16, 32))
+    assert precision.decide_bf16("auto", CPU, dims=(16, 32)).value is (picks == torch.bfloat16)
+    header = precision.decide_bf16("auto", CPU, dims=(16, 32)).reason
     assert header.startswith("bfloat16 autocast" if picks == torch.bfloat16 else "float32")
     assert f"measured {10.0 / bf16_ms:.2f}x float32's speed" in header and str(probes_on) in header
-    assert precision.resolve_precision("auto", CPU, dims=(16, 32), batch=8) == picks
-    assert f"{10.0 / bf16_ms:.2f}x" in precision.precision_reason("auto", CPU, (16, 32), 8)
-    assert precision.precision_reason("float32", CPU, (16, 32), 8) == ""
-    assert precision.use_bf16(False, CPU, dims=(16, 32)) is False        # explicit settings are never timed
+    assert precision.decide_precision("auto", CPU, dims=(16, 32), batch=8).value == picks
+    assert f"{10.0 / bf16_ms:.2f}x" in precision.decide_precision("auto", CPU, dims=(16, 32), batch=8).reason
+    assert precision.decide_precision("float32", CPU, dims=(16, 32), batch=8).reason == ""
+    assert precision.decide_bf16(False, CPU, dims=(16, 32)).value is False        # explicit settings are never timed
     names = {k.split("/", 1)[1] for k in json.loads(probes_on.read_text())["entries"]}
     # and the float32 side of the decoding probe asked whether to prepack each of its four products
     assert names == {"bf16-train:D16:F32", "bf16-decode:N8:D16:F32", "f32-pack:N8:I16:O48", "f32-pack:N8:I16:O16",
@@ -158,12 +158,12 @@ def test_auto_impl_by_measurement(probes_on, monkeypatch, kernel_ms, impl):
     calls = []
     monkeypatch.setattr(dispatch, "time_impls", lambda *args: calls.append(args) or (10.0, kernel_ms))
     q = torch.randn(2, 2, 100, 8, requires_grad=True)
-    assert ops.choose_impl(q, q, fused=True) == impl
-    assert ops.choose_impl(q, q, fused=True) == impl and len(calls) == 1      # decided once
+    assert ops.decide_impl(q, q, fused=True).value == impl
+    assert ops.decide_impl(q, q, fused=True).value == impl and len(calls) == 1      # decided once
     assert calls[0] == (128, 8, 8, torch.float32, True, True)                 # L 100 -> probed at 128
     forget()
     monkeypatch.setattr(dispatch, "time_impls", lambda *args: (10.0, 100.0 / kernel_ms))   # the opposite, if timed
-    assert ops.choose_impl(q, q, fused=True) == impl                          # read from the cache
+    assert ops.decide_impl(q, q, fused=True).value == impl                          # read from the cache
     line = ops.auto_impl_line({"attention": "linear", "attention_options": {"impl": "auto"}, "d_model": 16,
                                "n_heads": 2}, 100, CPU)
     assert f"impl=auto: {impl}" in line and f"{10.0 / kernel_ms:.2f}x chunked's speed" in line
@@ -175,9 +175,9 @@ def test_auto_impl_rule_when_probes_are_off(probes_on, monkeypatch):
     monkeypatch.setenv("IMAGEGEN_PROBE", "0")
     monkeypatch.setattr(dispatch, "time_impls", lambda *args: pytest.fail("timed with probes off"))
     q = torch.randn(1, 1, 8, 256, requires_grad=True)
-    assert ops.choose_impl(q, q) == "chunked"                 # the rule: training at E > 193
-    assert ops.choose_impl(q.detach(), q.detach()) == "kernel"
-    assert "by rule" in ops.auto_impl_reason(8, 256, 256)
+    assert ops.decide_impl(q, q).value == "chunked"                 # the rule: training at E > 193
+    assert ops.decide_impl(q.detach(), q.detach()).value == "kernel"
+    assert "by rule" in ops.auto_impl_line({"attention": "linear", "d_model": 256, "n_heads": 1}, 8, CPU)
 
 
 def test_real_impl_probe_times_both(probes_on):

@@ -1,10 +1,10 @@
-"""The training-step profile (python -m imagegen.benchmarks.profile_step): a preset's architecture,
+"""The training-step profile (python -m tools.profile_step): a preset's architecture,
 every operator of a step counted once in its group, and one sentence for an unknown preset."""
 import json
 
 import pytest
 
-from imagegen.benchmarks import profile_step
+from tools import profile_step
 
 
 def test_preset_architecture_over_the_typed_defaults():

@@ -4,6 +4,7 @@ import torch
 
 from fixtures import tiny_model
 from imagegen.sampling import threads
+from imagegen.tuning.choice import Choice
 
 
 @pytest.fixture(autouse=True)
@@ -52,8 +53,7 @@ def test_sample_says_its_thread_count_once_in_short_lines(tmp_path, monkeypatch,
     monkeypatch.setattr(fit, "DEFAULT", 2)
     monkeypatch.setattr(fit, "_said", set())
     monkeypatch.setattr(sample, "generate", lambda model, n, **kw: torch.zeros(n, 784, dtype=torch.uint8))
-    monkeypatch.setattr(sample, "resolve_precision", lambda *a, **kw: torch.float32)
-    monkeypatch.setattr(sample, "precision_reason", lambda *a, **kw: ": " + "a long reason " * 20)
+    monkeypatch.setattr(sample, "decide_precision", lambda *a, **kw: Choice(torch.float32, "a long reason " * 20))
     proc = call("imagegen-sample", "nrow=2", "progress=false", f"out={tmp_path / 'x.png'}")
     assert proc.returncode == 0, proc.stderr
     lines = (proc.stdout + proc.stderr).splitlines()

@@ -186,10 +186,10 @@ def test_auto_takes_triton_where_it_works(fresh_probe, device):
     q, k, v = (t.to(device, torch.float32) for t in make_raw_qkv(1, 2, 9, 4, 4))
     with warnings.catch_warnings(), torch.inference_mode():     # the check runs its backward all the same
         warnings.simplefilter("error")
-        assert ops.choose_impl(q, v, fused=True) == "triton"
+        assert ops.decide_impl(q, v, fused=True).value == "triton"
         torch.testing.assert_close(ops.linear_attention(q, k, v), ops.linear_attention(q, k, v, impl="chunked"))
-    assert ops.choose_impl(q, v) == "chunked"                     # the bare numerator: no Triton kernel
-    assert ops.choose_impl(q.double(), v.double(), fused=True) == "chunked"   # unsupported dtype
+    assert ops.decide_impl(q, v).value == "chunked"                     # the bare numerator: no Triton kernel
+    assert ops.decide_impl(q.double(), v.double(), fused=True).value == "chunked"   # unsupported dtype
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_auto_takes_triton_without_timing_or_building_an_unbuilt_kernel(gpu_prob
     monkeypatch.setattr(dispatch, "prebuilt_error", lambda device_type: "not built yet")
     monkeypatch.setattr(dispatch, "time_gpu_impls", lambda *args: pytest.fail("timed an unbuilt kernel"))
     q, k, v = (t.to(device, torch.float32) for t in make_raw_qkv(1, 2, 9, 4, 4))
-    assert ops.choose_impl(q, v, fused=True) == "triton"
+    assert ops.decide_impl(q, v, fused=True).value == "triton"
 
 
 @pytest.mark.parametrize("kernel_ms, impl", [(5.0, "kernel"), (9.0, "triton")])
@@ -214,17 +214,18 @@ def test_auto_times_a_built_kernel_against_triton_once(gpu_probes_on, device, mo
     calls = []
     monkeypatch.setattr(dispatch, "time_gpu_impls", lambda *args: calls.append(args) or (10.0, kernel_ms))
     q, k, v = (t.to(device, torch.float32).requires_grad_() for t in make_raw_qkv(1, 2, 100, 4, 4))
-    assert ops.choose_impl(q, v, fused=True) == impl
-    assert ops.choose_impl(q, v, fused=True) == impl and len(calls) == 1
+    assert ops.decide_impl(q, v, fused=True).value == impl
+    assert ops.decide_impl(q, v, fused=True).value == impl and len(calls) == 1
     assert calls[0] == (q.device, 128, 4, 4, torch.float32, True)          # L 100 -> timed at 128
     monkeypatch.setattr(probe, "_verdicts", {})
     monkeypatch.setattr(dispatch, "time_gpu_impls", lambda *args: (10.0, 100.0 / kernel_ms))  # the opposite, if timed
-    assert ops.choose_impl(q, v, fused=True) == impl                          # read from the cache file
-    assert ops.choose_impl(q, v) == "chunked"                                 # the bare numerator: not timed
+    assert ops.decide_impl(q, v, fused=True).value == impl                          # read from the cache file
+    assert ops.decide_impl(q, v).value == "chunked"                                 # the bare numerator: not timed
 
 
 def test_training_header_says_what_auto_runs_on_a_gpu_and_why(gpu_probes_on, device, monkeypatch):
-    reason = lambda: dispatch.gpu_impl_reason(100, 8, 8, torch.float32, torch.device(device))  # noqa: E731
+    reason = lambda: ops.auto_impl_line({"attention": "linear", "d_model": 16, "n_heads": 2}, 100,  # noqa: E731
+                                         torch.device(device))
     monkeypatch.setattr(dispatch, "prebuilt_error", lambda device_type: "not built yet, ...")
     assert reason() == "linear attention impl=auto: triton (the CUDA kernel is not timed: not built yet, ...)"
     if ops.kernel_error(device) is None:
@@ -254,7 +255,7 @@ def test_compile_failure_falls_back_to_chunked_with_one_warning(fresh_probe, dev
     with pytest.warns(RuntimeWarning, match="CompilationError: at 12:4: forced failure.*chunked") as record:
         got = ops.linear_attention(q, k, v)
         ops.linear_attention(q, k, v)
-        assert ops.choose_impl(q, v, fused=True) == "chunked"
+        assert ops.decide_impl(q, v, fused=True).value == "chunked"
     assert len(record) == 1
     torch.testing.assert_close(got, ops.linear_attention(q, k, v, impl="chunked"))
     with pytest.raises(ValueError, match=r"forced failure.*impl='chunked'"):

@@ -9,7 +9,7 @@ model knows of its classes"), two measures with the model's own likelihoods:
         the model finds most like its class (largest log p(x | c) - log p(x | no label)) or likeliest
         (largest log p(x | c)); the judge's share read as asked for k = 1..K, each way
 
-One thread. JUDGE.pt: the weights `python -m imagegen.benchmarks.label_accuracy --judge` wrote.
+One thread. JUDGE.pt: the weights `python -m tools.label_accuracy --judge` wrote.
 """
 import json
 import math
@@ -19,7 +19,7 @@ import time
 import torch
 
 import imagegen
-from imagegen.benchmarks.label_accuracy import class_probs, load_judge
+from tools.label_accuracy import class_probs, load_judge
 from imagegen.sampling.decode import generate
 
 

@@ -16,7 +16,7 @@ import time
 import torch
 
 import imagegen
-from imagegen.benchmarks.label_accuracy import class_probs, load_judge
+from tools.label_accuracy import class_probs, load_judge
 from imagegen.model import heads
 from imagegen.sampling.decode import generate
 

@@ -163,8 +163,8 @@ class Favor(RandomMap):
 
     def forward(self, x):                                                                # (N, H, L, E)
         """features(x c), c = E^-1/4, as one product and one exp: exp(x (c w) + b), b = -c^2 |x|^2 / 2 - log(F) / 2
-        added by the product (addmm), the exp in place; `features`' passes over the (N, H, L, F) output took
-        1.5x as long, forward and backward, on the CPU (docs/feature-maps.md)."""
+        added by the product (addmm), the exp in place: fewer passes over the (N, H, L, F) output than
+        `features`' (docs/notes/code-measurements.md)."""
         c, rows = self.head_dim ** -0.25, x.reshape(-1, self.head_dim)
         b = (rows * rows).sum(-1, keepdim=True) * (-0.5 * c * c) - 0.5 * math.log(self.n_out)
         return torch.addmm(b, rows, self.scaled_draw(x.dtype)).exp_().view(*x.shape[:-1], self.n_out)

@@ -30,6 +30,7 @@ from ..model.transformer import build_model
 from ..dtypes import precision_dtype
 from ..precision import resolve_precisions
 from ..sampling.decode import draw_step, fill_step, int8_forward, recompute_step
+from ..sampling.plan import decoding_state
 from .. import plots
 from .progress import Progress
 from .report import machine, markdown_table
@@ -61,7 +62,7 @@ def step_latency(model, batch, t, reps=3, warmup=2, seed=0, dtype=None, faults=N
     """Seconds per decoding step near position t at this batch size (products in dtype); faults: see `timed`."""
     D = model.length
     t = max(0, min(t, D - reps - warmup))
-    state = model.init_state(batch, next(model.parameters()).device, dtype)
+    state = decoding_state(model, batch, next(model.parameters()).device, dtype)
     state.t = t                                          # jump to position t
     for layer in state.layers:
         if hasattr(layer.attn, "t"):                     # a KV cache's position

@@ -17,7 +17,7 @@ from ..data.sets import load_from_config
 from ..files import write_bytes
 from ..dtypes import autocast, dtype_name
 from ..model.transformer import model_dims
-from ..precision import resolve_precision, slow_bf16_note
+from ..precision import decide_precision, slow_bf16_note
 from ..bits_per_dim import LN2, total_nll
 from ..sampling.decode import int8_forward
 
@@ -43,7 +43,7 @@ def evaluate_on(cfg, device, world):
     labels = y if model.num_classes and cfg.get("labels", True) else None
     lsh = [b.attn for b in model.blocks if b.attn.name == "lsh"]
     draws = cfg["lsh_draws"] if lsh else 1
-    dtype = resolve_precision(cfg.get("precision", "float32"), device, dims=model_dims(model))  # auto: measured
+    dtype = decide_precision(cfg.get("precision", "float32"), device, dims=model_dims(model)).value  # auto: measured
     if world.main and (note := slow_bf16_note(dtype, device)):
         print(note)
     start = time.perf_counter()

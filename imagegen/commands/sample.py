@@ -15,7 +15,7 @@ from ..ops.build import prebuilt_only
 from ..dtypes import dtype_name
 from ..errors import UserError
 from ..model.transformer import model_dims
-from ..precision import precision_reason, resolve_precision, slow_bf16_note
+from ..precision import decide_precision, slow_bf16_note
 from ..sampling.decode import completion_rows, generate, grid, name_rows, resolve_sampler, sampler_label, to_images
 from ..sampling.threads import choose_threads
 from ..say import wrapped
@@ -114,7 +114,8 @@ def run_sample(cfg, device):
     label = sampler_label(model, sampler)
     batch = sampling_batch(model, cfg["batch_size"], images_drawn(cfg, num_classes, info), sampler, device)
     measured = dict(dims=model_dims(model), batch=batch, record=ck.get("record"))  # for precision=auto
-    dtype = resolve_precision(cfg["precision"], device, **measured)
+    precision = decide_precision(cfg["precision"], device, **measured)
+    dtype = precision.value
     if note := slow_bf16_note(dtype, device):
         print(note)
     guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
@@ -164,8 +165,8 @@ def run_sample(cfg, device):
         conditioning = f", labels given, guidance {guidance:g}" if labels is not None else ", no labels"
     print(f"{len(seqs)} images in {seconds:.1f} s ({len(seqs) / seconds:.2f} images/sec): the {label} sampler, "
           f"batch {min(batch, len(seqs))}, {dtype_name(dtype)}{conditioning}")
-    if why := precision_reason(cfg["precision"], device, **measured):
-        print(wrapped(f"precision={cfg['precision']} took {dtype_name(dtype)}{why}"))
+    if precision.reason:
+        print(wrapped(f"precision={cfg['precision']} took {dtype_name(dtype)}: {precision.reason}"))
 
 
 main = hydra_entry("sample", run_sample)

@@ -1,9 +1,17 @@
 """Typed configuration (schema.py: every option's type, default and help sentence, registered with
 Hydra) and the checks of a composed config (checks.py). This face only re-exports."""
-from .checks import (MAX_SEED, attention_options, check_classes, check_device, check_eval, check_model,  # noqa: F401
+from .checks import (MAX_SEED, attention_options, check_classes, check_device, check_eval, check_model,
                      check_sample, check_sampling, check_threads, check_train, class_numbers, fits, fraction,
                      full_attention_options, positive, shown, unknown_option, whole)
-from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,  # noqa: F401
+from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,
                      PackConfig, PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions,
                      UnpackConfig, describe, opt, options, register, type_name)
+
+__all__ = ["attention_options", "ATTENTION_OPTIONS", "BenchConfig", "check_classes", "check_device", "check_eval",
+           "check_model", "check_sample", "check_sampling", "check_threads", "check_train", "CheckpointCommand",
+           "class_numbers", "ConvertConfig", "DataConfig", "DataOverride", "describe", "EvalConfig", "ExportConfig",
+           "fits", "fraction", "full_attention_options", "LinearOptions", "LSHOptions", "MAX_SEED", "ModelConfig",
+           "opt", "options", "PackConfig", "PlotConfig", "positive", "PrepareConfig", "register", "SampleConfig",
+           "SCHEMAS", "shown", "SoftmaxOptions", "TrainConfig", "TrainOptions", "type_name", "unknown_option",
+           "UnpackConfig", "whole"]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from ..ops.build import loaded_kernel
+from ..ops.build import draw_kernel
 
 VALUES = torch.arange(256)
 EDGES = (torch.arange(255) + 0.5) / 127.5 - 1          # inner bin edges on [-1, 1]
@@ -82,12 +82,10 @@ class LogisticMixture:
         """params (B, 3K) -> p over all 256 values (B, 256), for sampling: the mixture's CDF at the
         255 inner bin edges (PixelCNN++ edges: bins 0 and 255 reach to -inf and +inf), differenced.
         Equals exp(log_probs) up to the tiny-bin approximation that log_prob makes (< 1e-4 in total).
-        Where this process has the CPU kernel loaded (`loaded_kernel`: a linear model's attention loads it),
-        its `mixture_probs` computes it on the CPU (within float32 rounding of `probs_reference`; the
-        reference's five ops over (B, K, 255) were a tenth of an int8 decoding step at 64 images). So a
-        uniform that lands within that rounding of a CDF edge can draw the neighbouring byte on one path
-        and not the other; elsewhere the two draw the same bytes."""
-        if params.device.type == "cpu" and (kernel := loaded_kernel("cpu")) is not None:
+        On the CPU, wherever the kernel builds (`draw_kernel`), its `mixture_probs` computes it (within float32
+        rounding of `probs_reference`, and faster: docs/notes/code-measurements.md); a machine draws through
+        one of the two whatever ran before, so one seed draws the same bytes."""
+        if params.device.type == "cpu" and (kernel := draw_kernel()) is not None:
             return kernel.mixture_probs(params.float().contiguous())
         return self.probs_reference(params)
 
@@ -124,13 +122,13 @@ def guided_probs(head, params, params_uncond=None, guidance=1.0):
     G = 0 p_u). G > 1 leans further towards the class, boundedly: p_c exp((G-1) clamp(log p_c -
     log p_u, -B, B)), normalised, so no value gains more than e^((G-1)B) over p_c and a value the
     class itself finds unlikely cannot be drawn up from the tails (the unbounded p_c^G p_u^(1-G)
-    did that over hundreds of steps: streaks and speckles). Where this process has the CPU kernel loaded, its
+    did that over hundreds of steps: streaks and speckles). Where the CPU kernel builds (`draw_kernel`), its
     `guided_probs` combines float32 CPU rows in one call (within float32 rounding of `guided_probs_reference`)."""
     p = head.probs(params)
     if params_uncond is None or guidance == 1.0:
         return p
     p_u = head.probs(params_uncond)
-    kernel = loaded_kernel("cpu") if p.device.type == "cpu" and p.dtype == p_u.dtype == torch.float32 else None
+    kernel = draw_kernel() if p.device.type == "cpu" and p.dtype == p_u.dtype == torch.float32 else None
     if kernel is not None:
         return kernel.guided_probs(p.contiguous(), p_u.contiguous(), float(guidance), GUIDANCE_BOUND)
     return guided_probs_reference(p, p_u, guidance)
@@ -161,13 +159,13 @@ def sample(head, params, temperature=1.0, generator=None, uniforms=None, params_
         u = torch.rand(len(p), 1, generator=generator, dtype=p.dtype, device=p.device)
     else:
         u = torch.as_tensor(uniforms, dtype=p.dtype, device=p.device).reshape(len(p), 1)
-    if p.device.type == "cpu" and p.dtype == torch.float32 and (kernel := loaded_kernel("cpu")) is not None:
+    if p.device.type == "cpu" and p.dtype == torch.float32 and (kernel := draw_kernel()) is not None:
         return kernel.inverse_cdf(p.contiguous(), u.contiguous())   # the reference's lines, in one call
     return inverse_cdf_reference(p, u)
 
 
 def inverse_cdf_reference(p, u):
     """The byte each uniform of u (B, 1) draws from p (B, 256): the first value whose running sum reaches
-    u * the row's total (at most 255). On the CPU a loaded kernel's `inverse_cdf` does this for float32 p."""
+    u * the row's total (at most 255). On the CPU the kernel's `inverse_cdf` does this for float32 p (`draw_kernel`)."""
     cdf = p.cumsum(dim=-1)
     return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=255).squeeze(-1).to(torch.uint8)

@@ -15,11 +15,10 @@ the same channel one pixel left) and 3W (one row up): the neighbours that a line
 average cannot single out, at the cost of a lookup. Decoding keeps the last max(context) bytes in its state.
 Decoding (`init_state`, `step`) may run its matrix products in bfloat16, or in int8 (dtypes.INT8:
 8-bit weights, activations quantized per row; the head stays float32, the first block's feed-forward input
-bfloat16 where this CPU multiplies that faster, else float32: `ops.dense.int8_keeps`), with weights converted
+bfloat16 where this CPU multiplies that faster, else float32: `precision.keep_out_of_int8`), with weights converted
 once into the state; the residual stream, LayerNorm, the attention's sums and the head's output stay in the parameters'
 dtype (float32).
 """
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -31,9 +30,7 @@ from ..config import ModelConfig
 from ..dtypes import INT8
 from ..errors import UserError
 from ..ops import EPS, DecodeHead, DecodeLayer, decode_step
-from ..ops.dense import Dense, dense, int8_keeps
-from ..ops.int8 import forced_product
-from .int8_step import int8_one_call
+from ..ops.dense import Dense, dense
 from .heads import make_head
 
 START = 256  # token id of the start symbol; bytes are 0..255
@@ -114,8 +111,6 @@ class PixelTransformer(nn.Module):
                                     for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.proj = Dense(d_model, self.head.n_params)
-        int8_keeps([self.proj], torch.float32)                  # the products int8 keeps (docs/speed.md)
-        int8_keeps([self.blocks[0].ff[0]], torch.bfloat16)
         embeddings = [self.tok, self.row, self.col, self.chan, *self.ctx]
         if num_classes:
             self.label = nn.Embedding(num_classes + 1, d_model)  # row num_classes: no label
@@ -138,8 +133,8 @@ class PixelTransformer(nn.Module):
 
     def context_vectors(self, history, table=None):
         """history (N, max(context)) long, the last bytes read, newest last -> the context's sum (N, D); with
-        `context_table`'s table, as one gather-and-sum (cifar10-linear's 16 distances at 64 images: 27 us
-        against 210 us for 16 lookups and adds, a tenth of its int8 step)."""
+        `context_table`'s table, as one gather-and-sum (faster than a lookup and add per distance:
+        docs/notes/code-measurements.md)."""
         if table is None:
             return sum(emb(history[:, -o]) for o, emb in zip(self.context, self.ctx))
         weights, columns, offsets = table
@@ -192,15 +187,11 @@ class PixelTransformer(nn.Module):
         whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
         dtype dtypes.INT8 (int8 products, quantized here once): every Dense product in int8 (`ops.dense`) but
         those `Dense.int8_keeps` (the head, the first block's feed-forward input; evaluation's int8 keeps the
-        same): through the C++ kernel's int8 product in the one-call C++ step where `int8_step.int8_one_call`
-        measures that faster at this batch, else fbgemm's in the
-        Python module loop."""
+        same): through the C++ kernel's int8 product in the one-call C++ step, or fbgemm's in the Python module
+        loop, as `ops.int8.takes_kernel` says (sampling's plan, `sampling.plan.decoding_state`, chooses)."""
         dtype = dtype or self.proj.weight.dtype
-        products = forced_product("kernel" if int8_one_call(self, batch) else "fbgemm") if dtype == INT8 \
-            else nullcontext()
-        with products:
-            layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
-            head = self.proj.cast(dtype, batch) if dtype == INT8 else None
+        layers = [b.init_state(batch, self.length, device, dtype) for b in self.blocks]
+        head = self.proj.cast(dtype, batch) if dtype == INT8 else None
         state = DecodingState(layers=layers, class_vector=self.class_vectors(labels, batch, device), head=head,
                               history=torch.full((batch, max(self.context)), START, dtype=torch.long, device=device)
                               if self.context else None,

@@ -14,7 +14,7 @@ impl names:
                On CUDA only when asked for: compile-checked in CI (csrc/compile_check.sh), run on one GPU (docs/gpu.md)
   "triton"     `linear_attention` only: the fused chunked Triton kernels of triton_linear.py (CUDA;
                CPU tensors under Triton's interpreter, for tests)
-  "auto"       the fastest available for the device and shape (`dispatch.choose_impl`: on the CPU
+  "auto"       the fastest available for the device and shape (`dispatch.decide_impl`: on the CPU
                measured once per machine by `imagegen.tuning.probe`, else by rule)
 
 The files: public.py (the ops), dispatch.py (which impl runs), causal_linear.py (the PyTorch forms and
@@ -22,12 +22,18 @@ the naive reference), gated_linear.py, kernel.py (the C++ kernels in autograd), 
 decode.py (the C++ decoding step), dense.py / layout.py / int8.py (the Dense layer's products),
 triton_linear.py and triton_kernels.py (Triton). This face only re-exports.
 """
-from .build import ensure_kernel, kernel_error, load_kernel, prebuilt_only, warn_fallback  # noqa: F401
-from .causal_linear import EPS, phi  # noqa: F401
-from .decode import DecodeHead, DecodeLayer, decode_step, fused_state, fused_step  # noqa: F401
-from .dispatch import (IMPLS, TRITON_DEVICES, auto_impl_line, auto_impl_reason, choose_impl,  # noqa: F401
+from .build import ensure_kernel, kernel_error, load_kernel, prebuilt_only, warn_fallback
+from .causal_linear import EPS, phi
+from .decode import DecodeHead, DecodeLayer, decode_step, fused_state, fused_step
+from .dispatch import (IMPLS, TRITON_DEVICES, auto_impl_line, decide_impl,
                        default_chunk_size, resolve_impl, uses_fused_kernel, uses_triton_step)
-from .gated_linear import gated_step  # noqa: F401
-from .public import (causal_linear_attention, causal_product, compute_dtype, gated_linear_attention,  # noqa: F401
+from .gated_linear import gated_step
+from .public import (causal_linear_attention, causal_product, compute_dtype, gated_linear_attention,
                      linear_attention, linear_attention_qkv, mapped_linear_attention)
-from .triton_linear import triton_error, triton_step  # noqa: F401
+from .triton_linear import triton_error, triton_step
+
+__all__ = ["auto_impl_line", "causal_linear_attention", "causal_product", "compute_dtype", "decide_impl",
+           "decode_step", "DecodeHead", "DecodeLayer", "default_chunk_size", "ensure_kernel", "EPS", "fused_state",
+           "fused_step", "gated_linear_attention", "gated_step", "IMPLS", "kernel_error", "linear_attention",
+           "linear_attention_qkv", "load_kernel", "mapped_linear_attention", "phi", "prebuilt_only", "resolve_impl",
+           "TRITON_DEVICES", "triton_error", "triton_step", "uses_fused_kernel", "uses_triton_step", "warn_fallback"]

@@ -8,9 +8,8 @@ def for_device(device):
     """On the CPU (a torch.device), make large tensors reuse freed memory rather than fault in fresh
     pages at every call: glibc's malloc keeps what is freed (`keep_freed_memory`), and torch allocates
     through the C++ kernel's allocator (`build.recycle_freed_blocks`; torch's posix_memalign blocks,
-    once freed, were too small for the next tensor of the same size). Without both, the numerator's
-    forward at 16,384 positions (B 4, H 8, E 32) faulted in its 64 MB output at every call and took
-    2.5x as long (docs/notes/speed.md, "Page faults"). IMAGEGEN_KEEP_FREED_MEMORY=0 leaves both as
+    once freed, were too small for the next tensor of the same size). Without both, large outputs fault in
+    fresh pages at every call (docs/notes/code-measurements.md). IMAGEGEN_KEEP_FREED_MEMORY=0 leaves both as
     they are. True when both are in place."""
     if device.type != "cpu" or not keep_freed_memory():
         return False

@@ -22,6 +22,7 @@ import shutil
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,10 +43,18 @@ SOURCES = {"cpu": ["numerator.cpp", "fused_attention.cpp", "decode_step.cpp", "i
 HEADERS = ["cpu_kernel.h", "vec.h", "gelu.h", "qkv_checks.h"]
 BUILD_TIME = {"cpu": "about a minute", "cuda": "several minutes"}
 
+
+
+@dataclass
+class Switches:
+    """This process's kernel switches."""
+    compile: bool = True    # False: take the kernel only when an earlier process has built it (`prebuilt_only`)
+    recycle: bool = False   # True: CPU tensors through the kernel's allocator once it loads (`recycle_freed_blocks`)
+
+
 _modules = {}  # device type -> built module, or why it cannot be built
-_compile = [True]  # False: take the kernel only when an earlier process has built it (`prebuilt_only`)
+switches = Switches()
 _warned = set()  # (what, device type) pairs whose fallback has been announced
-_recycle = [False]  # True: torch's CPU tensors through the kernel's allocator once it loads (`recycle_freed_blocks`)
 
 
 class KernelUnavailable(RuntimeError):
@@ -175,7 +184,7 @@ def load_kernel(device_type):
     raises KernelUnavailable with the cause when it cannot be had."""
     if device_type not in _modules:
         try:
-            _loaded(device_type, _build(device_type, may_compile=_compile[0]))
+            _loaded(device_type, _build(device_type, may_compile=switches.compile))
         except KernelUnavailable as exc:
             _modules[device_type] = str(exc)
     module = _modules[device_type]
@@ -186,17 +195,17 @@ def load_kernel(device_type):
     return module
 
 
-def loaded_kernel(device_type):
-    """The kernel for device_type if this process has it loaded already, else None: never builds, never
-    looks on disk (a check cheap enough for every sampling step; a linear model's attention loads it first)."""
-    module = _modules.get(device_type)
-    return None if module is None or isinstance(module, str) else module
+def draw_kernel():
+    """The CPU kernel for sampling's draws (mixture probabilities, guidance, the inverse CDF) wherever this
+    process can have it (`kernel_error`: built now unless `prebuilt_only`), else None. One rule whatever ran
+    before in the process, so that the same seed draws the same bytes after any other model."""
+    return None if kernel_error("cpu") is not None else _modules["cpu"]
 
 
 def _loaded(device_type, module):
     """Keep a module just built or loaded, and give torch the CPU one's allocator where asked."""
     _modules[device_type] = module
-    if device_type == "cpu" and _recycle[0]:
+    if device_type == "cpu" and switches.recycle:
         module.use_recycling_allocator()
 
 
@@ -205,7 +214,7 @@ def recycle_freed_blocks():
     blocks are what malloc hands out for the next tensor of the same size; torch's own are not): at
     once when the kernel is loaded or built already, else as soon as this process loads it. Never
     compiles for it. True when in place now."""
-    _recycle[0] = True
+    switches.recycle = True
     if prebuilt_error("cpu") is not None:
         return False
     return _modules["cpu"].use_recycling_allocator()
@@ -263,7 +272,7 @@ def prebuilt_only():
     """From now on in this process take the kernel only if it is built already (commands that should
     answer in seconds, like imagegen-sample: its first compile takes a minute, longer than the sampling
     it would speed up; the PyTorch form samples the same model meanwhile)."""
-    _compile[0] = False
+    switches.compile = False
 
 
 def ensure_kernel(device_type):

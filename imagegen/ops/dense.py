@@ -59,7 +59,7 @@ class Dense(nn.Module):
     def step_form(self):
         """The C++ kernel's int8 (Wq, extra) of the parameters (`int8.step_form`), quantized once per version of
         them: torch counts every in-place change of a tensor (an optimizer's step, load_state_dict, copy_), so a
-        sampler's every call reuses them (24 ms of paper_mnist's, 8 layers, at each call) until the weights
+        sampler's every call reuses them (quantizing costs: docs/notes/code-measurements.md) until the weights
         change. (A change made through `.data` escapes that count; nothing here makes one.)"""
         key = (self.weight._version, self.bias._version, self.weight.data_ptr(), self.bias.data_ptr())
         if self._step_form[0] != key:
@@ -99,9 +99,8 @@ def int8_keeps(layers, dtype):
     in dtype: torch.float32, or torch.bfloat16 (`kept_dtype`: where this CPU's bfloat16 products measure
     faster than float32's, else float32). One rule, which decoding (`Dense.cast`, the one-call C++ step
     included) and whole forward passes (`int8_weights`: evaluation, imagegen-convert's check) both read, so
-    evaluation's precision=int8 scores what int8 sampling computes. The model names them (`PixelTransformer`:
-    its head in float32 and its first block's feed-forward input in bfloat16, where 8-bit activations cost
-    the most bits/dim; docs/speed.md)."""
+    evaluation's precision=int8 scores what int8 sampling computes. `precision.keep_out_of_int8` names them
+    for a PixelTransformer."""
     for layer in layers:
         layer.int8_keeps = dtype
 

@@ -1,5 +1,5 @@
 """Which implementation of causal linear attention runs: `resolve_impl` checks the arguments and turns
-impl (maybe "auto") into one of IMPLS (see imagegen/ops/__init__.py), `choose_impl` is auto's choice
+impl (maybe "auto") into one of IMPLS (see imagegen/ops/__init__.py), `decide_impl` is auto's choice
 (measured once per machine by `imagegen.tuning.probe`: on the CPU the fused kernel against
 chunked, on CUDA the csrc kernel against Triton where it is built; else by rule), and the decoding
 predicates say which step a sampler can run.
@@ -9,6 +9,7 @@ import time
 import torch
 
 from ..tuning import probe
+from ..tuning.choice import Choice
 from .build import kernel_error, load_kernel, prebuilt_error
 from .causal_linear import EPS, causal_product_chunked, check_qkv, normalise, phi, with_ones
 from .kernel import causal_product_kernel, kernel_unsupported, linear_attention_kernel
@@ -28,9 +29,10 @@ def default_chunk_size(q):
     return min(128, max(32, 1 << max(0, q.shape[-1] - 1).bit_length()))
 
 
-def choose_impl(q, v, fused=False):
-    """The implementation "auto" runs for q (N, H, L, E), v (N, H, L, M); fused: for
-    `linear_attention` (phi and the normalisation inside), else for the bare numerator.
+def decide_impl(q, v, fused=False, explain=False):
+    """Choice(the implementation "auto" runs for q (N, H, L, E), v (N, H, L, M), why); fused: for
+    `linear_attention` (phi and the normalisation inside), else for the bare numerator. The reason's
+    words are made only where `explain` asks (the training header), not at every forward.
 
     CUDA, fused: Triton when it imports, takes the dtype (float32/16, bfloat16) and head dims
     (E, M <= 128), and its kernels compile and agree with chunked on this device (checked once
@@ -38,7 +40,7 @@ def choose_impl(q, v, fused=False):
     Where Triton runs and the csrc CUDA kernel is built already (`python -m imagegen.ops cuda`;
     auto never waits for its first build, minutes long), the two are timed once per GPU model
     (`cuda_verdict`, cached like the CPU's) and the kernel runs when it is probe.MARGIN times faster
-    (on an H200 it was 1.5-2.5x faster: docs/gpu.md).
+    (docs/notes/code-measurements.md).
     CPU: the kernel (float32/64, bfloat16) when it built and either no gradient is needed or
     max(E, M) <= 193; else chunked (a rule read from one AVX-512 Xeon's timings, which
     docs/notes/code-measurements.md keeps). Another CPU can differ (on an AVX2-only one the fused
@@ -47,21 +49,27 @@ def choose_impl(q, v, fused=False):
     when it is probe.MARGIN times faster than chunked. With probes off (IMAGEGEN_PROBE=0) the rule above.
     """
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
+    passes = "fwd+bwd" if needs_grad else "fwd"
     if q.device.type in TRITON_DEVICES:
-        if not fused or triton_unsupported(q, v) is not None or triton_error(q.device.type, warn=True) is not None:
-            return "chunked"
+        if not fused:
+            return Choice("chunked", "the bare numerator has no Triton form")
+        if (why := triton_unsupported(q, v) or triton_error(q.device.type, warn=True)) is not None:
+            return Choice("chunked", f"Triton unavailable: {why}")
         verdict = cuda_verdict(q, v, needs_grad)
-        return "kernel" if verdict is not None and verdict.chosen else "triton"
-    if q.device.type != "cpu" or kernel_unsupported(q, v) is not None:
-        return "chunked"
-    if kernel_error(q.device.type, warn=True) is not None:
-        return "chunked"
+        if verdict is None:
+            why = explain and (kernel_unsupported(q, v) or prebuilt_error(q.device.type) or "probes off")
+            return Choice("triton", f"the CUDA kernel is not timed: {why}" if explain else "")
+        return Choice("kernel" if verdict.chosen else "triton", f"the CUDA kernel {passes} measured "
+                      f"{verdict.ratio:.2f}x Triton's speed here, {verdict.where()}" if explain else "")
+    if q.device.type != "cpu" or kernel_unsupported(q, v) is not None or kernel_error("cpu", warn=True) is not None:
+        return Choice("chunked", "no CPU kernel here" if q.device.type == "cpu" else f"no kernel on {q.device.type}")
     verdict = cpu_verdict(q.shape[-2], q.shape[-1], v.shape[-1], q.dtype, fused, needs_grad)
     if verdict is not None:
-        return "kernel" if verdict.chosen else "chunked"
+        return Choice("kernel" if verdict.chosen else "chunked", f"{'fused ' if fused else ''}kernel {passes} "
+                      f"measured {verdict.ratio:.2f}x chunked's speed here, {verdict.where()}" if explain else "")
     if needs_grad and max(q.shape[-1], v.shape[-1]) > CPU_KERNEL_MAX_DIM:
-        return "chunked"
-    return "kernel"
+        return Choice("chunked", "by rule, probes off: training at a head dim above 192")
+    return Choice("kernel", "by rule, probes off")
 
 
 def probe_length(L):
@@ -157,35 +165,10 @@ def auto_impl_line(model_cfg, L, device, bf16=False):
         return None
     E = model_cfg["d_model"] // model_cfg["n_heads"]
     dtype = torch.bfloat16 if bf16 else torch.float32
-    return auto_impl_reason(L, E, E, dtype) if device.type == "cpu" else gpu_impl_reason(L, E, E, dtype, device)
-
-
-def gpu_impl_reason(L, E, M, dtype, device):
-    """What impl=auto runs for training the model's linear attention on a GPU and why, in a few words."""
-    q, v = torch.empty(1, 1, L, E, dtype=dtype, device=device), torch.empty(1, 1, L, M, dtype=dtype, device=device)
-    why = triton_unsupported(q, v) or triton_error(device.type, warn=True)
-    if why is not None:
-        return f"linear attention impl=auto: chunked (Triton unavailable: {why})"
-    verdict = cuda_verdict(q, v, needs_grad=True)
-    if verdict is None:
-        why = kernel_unsupported(q, v) or prebuilt_error(device.type) or "probes off"
-        return f"linear attention impl=auto: triton (the CUDA kernel is not timed: {why})"
-    return (f"linear attention impl=auto: {'kernel' if verdict.chosen else 'triton'} (the CUDA kernel fwd+bwd "
-            f"measured {verdict.ratio:.2f}x Triton's speed here, {verdict.where()})")
-
-
-def auto_impl_reason(L, E, M, dtype=torch.float32, needs_grad=True):
-    """What impl=auto runs for training the model's linear attention on the CPU and why, in a few
-    words (for the training header): measured, or the rule when probes are off."""
-    q, v = torch.empty(1, 1, L, E, dtype=dtype), torch.empty(1, 1, L, M, dtype=dtype)
-    if kernel_unsupported(q, v) is not None or kernel_error("cpu", warn=True) is not None:
-        return "linear attention impl=auto: chunked (no CPU kernel here)"
-    verdict = cpu_verdict(L, E, M, dtype, True, needs_grad)
-    if verdict is None:
-        return "linear attention impl=auto: by rule (probes off)"
-    return (f"linear attention impl=auto: {'kernel' if verdict.chosen else 'chunked'} (fused kernel "
-            f"{'fwd+bwd' if needs_grad else 'fwd'} measured {verdict.ratio:.2f}x chunked's speed here, "
-            f"{verdict.where()})")
+    q = torch.empty(1, 1, L, E, dtype=dtype, device=device, requires_grad=True)
+    with torch.enable_grad():
+        choice = decide_impl(q, q, fused=True, explain=True)
+    return f"linear attention impl=auto: {choice.value} ({choice.reason})"
 
 
 def resolve_impl(q, k, v, impl, chunk_size, fused=False):
@@ -197,7 +180,7 @@ def resolve_impl(q, k, v, impl, chunk_size, fused=False):
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None (tuned default), got {chunk_size!r}.")
     if impl == "auto":
-        return choose_impl(q, v, fused)
+        return decide_impl(q, v, fused).value
     if impl == "triton":
         if not fused:
             raise ValueError("impl='triton' runs the model's linear_attention only (phi and the normalisation "

@@ -15,7 +15,7 @@ of x with its own scale and sums in int32 (AVX512-VNNI or AVX2 where the CPU has
 `linear_int8_reference` computes the same in plain PyTorch. Each row's result depends on that row alone, so evaluation's
 forward (rows = images x positions) and decoding's step (rows = images) compute the same numbers.
 Decoding and `dense.int8_weights` take it (`Dense.cast`) in `step_form`, which the one-call C++ step
-reads too, where `takes_kernel` says so: decoding where `model.int8_step.int8_one_call` measures the
+reads too, where `takes_kernel` says so: decoding where `sampling.plan.int8_one_call` measures the
 one-call step faster than the module loop with fbgemm's products at the batch (with probes off: where the
 kernel's product has a vector form, AVX512-VNNI or AVX2). Whole forward passes in int8
 (`dense.int8_weights`: evaluation's precision=int8, the conversion's int8 check) take the kernel's product
@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -37,7 +38,8 @@ from .build import kernel_error, load_kernel
 def quiet_quantized():
     """torch's deprecation warnings about its quantized tensors silenced, only around the calls that
     make int8 weights (`quantize`; torch 2.13 warns that quantized tensors will leave torch); running
-    them warns of nothing, and a warnings context per product would cost 7 us of each call."""
+    them warns of nothing, and a warnings context per product would cost time at every call
+    (docs/notes/code-measurements.md)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantiz.*", category=UserWarning)
         warnings.filterwarnings("ignore", message=".*quantiz.*", category=DeprecationWarning)
@@ -146,7 +148,13 @@ def step_form(w, b):
     return Wq, torch.stack([b.detach().float(), scales, colsums.view(torch.float32)])
 
 
-_forced = [None]    # "kernel" or "fbgemm" inside `forced_product`
+@dataclass
+class Forced:
+    """What `forced_product` forces now."""
+    kind: str | None = None    # "kernel" or "fbgemm" inside `forced_product`
+
+
+_forced = Forced()
 
 
 @contextlib.contextmanager
@@ -155,37 +163,31 @@ def forced_product(kind):
     "fbgemm": fbgemm's, so the module loop), whatever `takes_kernel` and decoding's probe would pick."""
     if kind not in ("kernel", "fbgemm"):
         raise ValueError(f"forced_product takes 'kernel' or 'fbgemm', not {kind!r}")
-    before, _forced[0] = _forced[0], kind
+    before, _forced.kind = _forced.kind, kind
     try:
         yield
     finally:
-        _forced[0] = before
+        _forced.kind = before
 
 
 def forced():
     """What `forced_product` forces now ("kernel", "fbgemm"), or None."""
-    return _forced[0]
+    return _forced.kind
 
 
 def takes_kernel(always=False):
     """Whether int8 products run on the C++ kernel's int8 product rather than fbgemm's: where the kernel
     builds and, inside `forced_product`, where it forces "kernel"; outside it, where the kernel's product has
-    a vector form (`int8_form`: vnni or avx2). Decoding forces the choice `model.int8_step.int8_one_call`
+    a vector form (`int8_form`: vnni or avx2). Decoding forces the choice `sampling.plan.int8_one_call`
     measures on whole steps. always=True: wherever the kernel builds (per-row results, which depend neither
     on how many rows a call holds nor on the thread count)."""
     if kernel_error("cpu") is not None:
         return False
     if always:
         return True
-    if _forced[0] is not None:
-        return _forced[0] == "kernel"
+    if _forced.kind is not None:
+        return _forced.kind == "kernel"
     return int8_form() in ("vnni", "avx2")
-
-
-def linear_int8_kernel(x, packed, b, form="auto"):
-    """b + x W through the C++ kernel's `decode_linear_int8` (built on first use) for W packed by
-    `pack_int8`; form: "auto" (`int8_form`), or "vnni", "avx2", "portable" where this CPU runs it."""
-    return load_kernel("cpu").decode_linear_int8(x, *packed, b, form)
 
 
 FORM_VAR = "IMAGEGEN_INT8_FORM"

@@ -71,7 +71,7 @@ def linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
 def mapped_linear_attention(q, k, v, impl="auto", eps=EPS, chunk_size=None):
     """The model's causal linear attention on features q, k (N, H, L, F) of any feature map
     (applied by the caller, whose autograd then carries the gradient through it) and v (N, H, L, M)
-    -> (N, H, L, M). impl "kernel" (which "auto" picks on the CPU, by the rule of `choose_impl`)
+    -> (N, H, L, M). impl "kernel" (which "auto" picks on the CPU, by the rule of `decide_impl`)
     runs the fused CPU kernel with phi the identity (any F, M; float32, float64, bfloat16 as they
     come); on CUDA the compiled numerator on [v, 1] and a division. "triton" (which "auto" picks on
     CUDA where it works) runs the Triton kernels with phi the identity (F, M <= 128); other impls as

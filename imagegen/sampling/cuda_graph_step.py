@@ -15,6 +15,7 @@ import torch
 
 from ..model.transformer import START
 from ..say import say
+from .plan import decoding_state
 
 
 def make_step(model, batch, device, dtype, labels=None):
@@ -28,7 +29,7 @@ def make_step(model, batch, device, dtype, labels=None):
         if key not in steps:
             steps[key] = GraphedStep(model, batch, device, dtype)
         return steps[key].reset(labels)
-    state = model.init_state(batch, device, dtype, labels=labels)
+    state = decoding_state(model, batch, device, dtype, labels=labels)
     return lambda token: model.step(token, state)[0]
 
 

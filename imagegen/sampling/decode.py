@@ -35,6 +35,7 @@ from ..model.heads import sample as draw
 from ..memory import check_batch_fits
 from ..dtypes import INT8
 from ..ops.dense import int8_weights
+from ..precision import keep_out_of_int8
 from ..model.transformer import START
 from ..dtypes import autocast
 
@@ -126,7 +127,7 @@ def fill_recompute(model, x, start, temperature, generator, on_step=None, dtype=
 
 def int8_forward(model, dtype):
     """A context running model.forward's Dense products in int8 for dtype dtypes.INT8, else a no-op."""
-    return int8_weights(model) if dtype == INT8 else nullcontext()
+    return int8_weights(keep_out_of_int8(model)) if dtype == INT8 else nullcontext()
 
 
 def check_labels(model, labels, n):

@@ -14,6 +14,7 @@ import torch
 
 from ..tuning import probe
 from ..memory import check_batch_fits
+from .plan import decoding_state
 
 STEPS = 4          # timed steps per thread count, after one untimed
 
@@ -24,7 +25,7 @@ def step_seconds(model, batch, dtype, threads):
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            state = model.init_state(batch, next(model.parameters()).device, dtype)
+            state = decoding_state(model, batch, next(model.parameters()).device, dtype)
             token = torch.zeros(batch, dtype=torch.long)
             model.step(token, state)
             times = []

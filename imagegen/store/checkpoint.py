@@ -15,6 +15,7 @@ from .. import files
 from ..data.sets import dataset_info
 from ..errors import UserError
 from ..model.transformer import build_model
+from ..precision import keep_out_of_int8
 from .format import FORMAT, Damaged, advice
 
 
@@ -62,7 +63,7 @@ def model_from_checkpoint(ck, path="checkpoint"):
     weights = ck.get("ema", ck["model"])
     checks.check_weights_fit(weights, model, path)       # names the parameter and both shapes
     model.load_state_dict(weights)
-    return model
+    return keep_out_of_int8(model)             # the products an int8 run keeps out of int8
 
 
 def initial_weights(spec, cfg):

@@ -23,7 +23,7 @@ from ..lock import folder_lock
 from ..memory import check_forward_fits
 from ..model.transformer import build_model
 from ..ops import auto_impl_line, ensure_kernel
-from ..precision import bf16_reason, use_bf16
+from ..precision import decide_bf16
 from ..sampling.decode import generate, grid, to_images
 from ..store import checkpoint
 from ..store.format import advice
@@ -104,7 +104,8 @@ class Trainer:
         self.cfg, self.t, self.device, self.world, self.run_dir = cfg, cfg["train"], device, world, run_dir
         t = self.t
         self.dims = (cfg["model"]["d_model"], cfg["model"]["d_ff"])    # the products bf16=auto measures
-        self.bf16 = use_bf16(t["bf16"], device, dims=self.dims)
+        self.bf16_choice = decide_bf16(t["bf16"], device, dims=self.dims)
+        self.bf16 = self.bf16_choice.value
         (self.x_train, self.y_train), (x_val, y_val) = load_from_config(cfg["data"], ("train", "val"), labels=True)
         self.x_val, self.y_val = x_val[: t["val_images"]], y_val[: t["val_images"]]
         self.info = dataset_info(cfg["data"])
@@ -277,7 +278,7 @@ class Trainer:
         world = f", {self.world.size} processes" if self.world.distributed else ""
         self.say(f"{self.cfg['model']['attention']} model, {n_params / 1e6:.2f}M parameters, {len(self.x_train)} "
                  f"training images of {self.model.length} sub-pixels, device {self.device}{world}, "
-                 f"{bf16_reason(self.t['bf16'], self.device, self.dims)}, run dir {self.run_dir}")
+                 f"{self.bf16_choice.reason}, run dir {self.run_dir}")
         if (line := auto_impl_line(self.cfg["model"], self.model.length, self.device, self.bf16)) is not None:
             self.say(line)
 

@@ -1,1 +1,3 @@
 """The browser page (index.html, page.js, worker.js, sampler.js) and the site an export writes (site.py)."""
+
+__all__ = ["site"]

@@ -1,13 +1,19 @@
-"""Which int8 decoding step a linear PixelTransformer runs at a batch: the one-call C++ step (the kernel's
+"""How a model decodes on this machine, chosen outside the model (which only holds its parameters, its
+forward and its step): `decoding_state` makes the state `PixelTransformer.step` reads with these choices.
+
+Which int8 decoding step a linear PixelTransformer runs at a batch: the one-call C++ step (the kernel's
 int8 products, activations quantized per row) or the Python module loop with fbgemm's products (one
 activation scale per call). Measured on whole steps, not single products: the one-call step also saves
-the loop's Python work, which a product-by-product timing does not see (AMD EPYC family 25 model 17:
-fbgemm's products about as fast as the kernel's VNNI form at 256 rows, its loop 1.15-1.25x slower than
-the one-call step there, 1.6-4.4x at 1-64 rows; docs/speed.md, precision=int8).
+the loop's Python work, which a product-by-product timing does not see (figures:
+docs/notes/code-measurements.md).
 """
+from contextlib import nullcontext
+
 import torch
 
+from ..dtypes import INT8
 from ..ops.int8 import forced, forced_product, int8_form
+from ..precision import keep_out_of_int8
 from ..tuning import probe
 
 STEPS = 3   # decoding steps per timed call
@@ -35,7 +41,6 @@ def int8_one_call(model, batch):
 
 def time_steps(model, batch):
     """(one-call step ms, module loop with fbgemm's products ms) for STEPS steps of `model` at `batch` images."""
-    from ..dtypes import INT8
     device, token = torch.device("cpu"), torch.zeros(batch, dtype=torch.long)
     states = []
     for kind in ("kernel", "fbgemm"):
@@ -48,3 +53,16 @@ def time_steps(model, batch):
                 state.t = 1
                 model.step(token, state)
     return probe.best_ms(lambda: run(states[0]), lambda: run(states[1]), rounds=5)
+
+
+def decoding_state(model, batch, device, dtype=None, labels=None, whole_model_kernel=True):
+    """`model.init_state(batch, device, dtype, whole_model_kernel, labels)` with this machine's choices: for
+    int8 (dtypes.INT8) the products `int8_one_call` measures faster at this batch (the kernel's, and so the
+    one-call C++ step, or fbgemm's in the module loop), the products `keep_out_of_int8` names kept out of it."""
+    dtype = dtype or model.proj.weight.dtype
+    if dtype == INT8:
+        keep_out_of_int8(model)
+    products = forced_product("kernel" if int8_one_call(model, batch) else "fbgemm") if dtype == INT8 \
+        else nullcontext()
+    with products:
+        return model.init_state(batch, device, dtype, whole_model_kernel=whole_model_kernel, labels=labels)

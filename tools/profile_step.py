@@ -1,7 +1,7 @@
 """Where a training step's time goes, by operator: torch.profiler over whole-model training steps
 (forward, backward, AdamW) of a preset's architecture at its data's length, float32.
 
-    python -m imagegen.benchmarks.profile_step --preset paper_mnist --batch 10 --threads 1
+    python -m tools.profile_step --preset paper_mnist --batch 10 --threads 1
 
 Prints the step's CPU time and the top operators by self time, each with its share of the total
 and a group (matrix products, the attention, everything else), and writes the same as JSON
@@ -15,13 +15,13 @@ import torch
 from omegaconf import OmegaConf
 from torch.profiler import ProfilerActivity, profile
 
-from ..ops.allocator import for_device
-from ..config import ModelConfig
-from ..data.catalogue import DATASETS
-from ..paths import data_dir
-from .attention import training_step
-from .report import machine
-from ..errors import one_line
+from imagegen.ops.allocator import for_device
+from imagegen.config import ModelConfig
+from imagegen.data.catalogue import DATASETS
+from imagegen.paths import data_dir
+from imagegen.benchmarks.attention import training_step
+from imagegen.benchmarks.report import machine
+from imagegen.errors import one_line
 
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
 

@@ -3,9 +3,9 @@ trained once, reproducibly, and shipped as checkpoints/judges/cifar10.{safetenso
 (label_accuracy's default judge for CIFAR-10 models; the judges folder keeps it out of the models
 that checkpoint= names).
 
-    python -m imagegen.benchmarks.judge --data-root /work/shared/data/cifar10 --out checkpoints/judges/cifar10
+    python -m tools.judge --data-root /work/shared/data/cifar10 --out checkpoints/judges/cifar10
         [--widths 32 64 128] [--epochs 14] [--batch-size 256] [--lr 0.2] [--seed 0] [--threads 1]
-    python -m imagegen.benchmarks.judge --probe [--widths ...]     # training images/s, a few batches
+    python -m tools.judge --probe [--widths ...]     # training images/s, a few batches
 
 The net (widths w0 w1 w2): a 3x3 stem conv (3 -> w0) then three groups, each conv -> max-pool 2 ->
 BatchNorm -> GELU -> conv -> BatchNorm -> GELU (w0 -> w1 -> w2 channels at 16, 8, 4 pixels), a global
@@ -31,19 +31,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import UserError, one_line
-from ..files import read_json
-from ..paths import data_dir
-from ..tuning.machine import cpu_name
+from imagegen.errors import UserError, one_line
+from imagegen.files import read_json
+from imagegen.tuning.machine import cpu_name
 
 FORMAT = "imagegen-judge/1"
-SHIPPED = {"cifar10": data_dir("checkpoints") / "judges" / "cifar10.safetensors"}
+SHIPPED = {"cifar10": Path(__file__).resolve().parents[1] / "checkpoints" / "judges" / "cifar10.safetensors"}
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 MAX_JSON_BYTES = 1 << 16
 SCALE = 1 / 8           # the logits' fixed scale (as airbench's 1/9): a max-pooled head starts out too sure
 WRITE_FIX = "free space or choose another --out"
-FIX = "train it again with python -m imagegen.benchmarks.judge, or reinstall imagegen for the shipped judge"
+FIX = "train it again with python -m tools.judge, or restore checkpoints/judges/ from the repository"
 
 
 def conv_bn(c_in, c_out):
@@ -151,7 +150,7 @@ def save(stem, net, record):
     """Write STEM.safetensors and STEM.json (architecture, record, weights_sha256); returns the two paths."""
     from safetensors.torch import save as st_save
 
-    from ..files import sha256, write_bytes
+    from imagegen.files import sha256, write_bytes
 
     path = Path(stem).with_suffix(".safetensors")
     state = {k: v.detach().contiguous().cpu() for k, v in net.state_dict().items()}
@@ -183,7 +182,7 @@ def load(path):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from ..files import sha256
+    from imagegen.files import sha256
 
     path = Path(path)
     meta = read_meta(path)
@@ -226,8 +225,8 @@ def probe(widths, batch, steps=4):
 
 def card(args, record, command):
     r = record
-    return (f"# cifar10 judge\n\nThe colour judge of `imagegen.benchmarks.label_accuracy` for CIFAR-10 models "
-            f"(imagegen/benchmarks/judge.py): a small airbench-style CNN, widths {r['widths']} "
+    return (f"# cifar10 judge\n\nThe colour judge of `tools.label_accuracy` for CIFAR-10 models "
+            f"(tools/judge.py): a small airbench-style CNN, widths {r['widths']} "
             f"({r['macs'] / 1e6:.1f} M multiply-adds a forward pass, {r['params']:,} parameters), "
             f"not part of any generative model.\n\n"
             f"- test accuracy: **{r['test_accuracy']:.4f}** on all {r['test_images']:,} CIFAR-10 test images "
@@ -260,7 +259,7 @@ def main(argv=None):
         print(f"widths {args.widths}: {macs(args.widths) / 1e6:.1f} M MACs, {rate:.0f} training images/s "
               f"(one thread's CPU time; first step {warm:.1f} s)")
         return
-    from ..data.splits import load_splits
+    from imagegen.data.splits import load_splits
 
     loaded = load_splits("cifar10", args.data_root, ("train", "test"), val_fraction=0.0)
     (x, y), (tx, ty) = loaded["train"], loaded["test"]
@@ -282,10 +281,10 @@ def main(argv=None):
               "seed": args.seed, "threads": args.threads, "widths": args.widths, "macs": macs(args.widths),
               "params": sum(t.numel() for t in net.parameters()), "minutes": round(minutes, 2),
               "cpu": f"{cpu_name()}, {os.cpu_count()} CPUs", "torch": torch.__version__, "log": lines}
-    command = "python -m imagegen.benchmarks.judge " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m tools.judge " + " ".join(sys.argv[1:] if argv is None else argv)
     record["command"] = command
     path, _ = save(args.out, net, record)
-    from ..files import write_bytes
+    from imagegen.files import write_bytes
     write_bytes(path.with_suffix(".md"), card(args, record, command).encode(), "judge card", WRITE_FIX)
     print(f"wrote {path} and its .json, .md")
 

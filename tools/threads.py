@@ -3,7 +3,7 @@ kept busy by a spinning subprocess, at the default settings (threads=0: imagegen
 measuring the free cores as every command does at start) against threads=1 and torch's own default,
 each in a fresh process (so that OMP_* variables reach OpenMP before torch loads), in one run.
 
-    python -m imagegen.benchmarks.threads --out bench/threads.json     # about a minute on 2 cores
+    python -m tools.threads --out bench/threads.json     # about a minute on 2 cores
 
 Images/sec are those of the step loop (batch / (sub-pixels x seconds per step), timed for --seconds
 at --batch; a whole image at torch's default could take minutes); the training step is the median of
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import one_line
+from imagegen.errors import one_line
 
 SETTINGS = {                 # name -> (threads argument, extra environment)
     "default (threads=0)": (0, {}),
@@ -95,7 +95,7 @@ def run_setting(threads, env, seconds, batch):
 
 
 def main(argv=None):
-    from ..tuning.machine import cpu_name
+    from imagegen.tuning.machine import cpu_name
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/threads.json")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds timed per part and setting")

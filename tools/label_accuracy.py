@@ -5,17 +5,17 @@ that see guidance overshoot, which the share alone rewards: the judge's mean con
 asked for, and the model's own bits/dim of its samples given their labels (near its test bits/dim at
 guidance 1; streaks and speckles raise it).
 
-    python -m imagegen.benchmarks.label_accuracy [--checkpoint mnist-linear] [--data-root DIR]
+    python -m tools.label_accuracy [--checkpoint mnist-linear] [--data-root DIR]
         [--guidance 1 2 3] [--per-class 100] [--epochs 4] [--threads N] [--judge FILE|small] [--out-dir bench]
         [--precision float32|int8|auto]
 
 Writes bench/label_accuracy.{json,md}, both naming the judge and its test accuracy. The judge is not
 part of imagegen. For CIFAR-10 models it is by default the shipped colour judge
-(checkpoints/judges/cifar10, imagegen.benchmarks.judge: an airbench-style CNN, each image read with
+(checkpoints/judges/cifar10, tools.judge: an airbench-style CNN, each image read with
 its mirror image). Otherwise, or with `--judge small`, it is a small CNN trained here on the model's
 own training files: two 3x3 convolutions with max-pooling and a linear layer (the classic small MNIST
 CNN, colour input for CIFAR-10), Adam, seeded, `--epochs`. `--judge FILE`: a judge written by
-imagegen.benchmarks.judge (FILE.safetensors with its .json), or the small CNN's weights: read when
+tools.judge (FILE.safetensors with its .json), or the small CNN's weights: read when
 FILE exists, else trained and written there. --precision: the sampler's products (int8: 8-bit
 weights; the samples' own bits/dim are always scored in float32, by the model as trained).
 """
@@ -26,16 +26,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..store import checkpoint, shipped
-from ..data.sets import dataset_info, load_from_config
-from ..bits_per_dim import bits_per_dim
-from ..dtypes import dtype_name
-from ..model.transformer import model_dims
-from ..precision import resolve_precision
-from ..sampling.decode import generate
-from .report import machine, markdown_table, write_outputs
-from ..errors import UserError, one_line
-from . import judge as judges
+from imagegen.store import checkpoint, shipped
+from imagegen.data.sets import dataset_info, load_from_config
+from imagegen.bits_per_dim import bits_per_dim
+from imagegen.dtypes import dtype_name
+from imagegen.model.transformer import model_dims
+from imagegen.precision import decide_precision
+from imagegen.sampling.decode import generate
+from imagegen.benchmarks.report import machine, markdown_table, write_outputs
+from imagegen.errors import UserError, one_line
+from tools import judge as judges
 
 
 def classifier(channels, classes, height, width):
@@ -92,7 +92,7 @@ def small_judge(args, train, info):
 
 
 def pick_judge(judge_arg, data_name):
-    """The judge file (imagegen.benchmarks.judge's .safetensors) label_accuracy reads for --judge judge_arg
+    """The judge file (tools.judge's .safetensors) label_accuracy reads for --judge judge_arg
     on a model of data set data_name, or None for the small CNN: a .safetensors named, else the shipped
     judge of the data set when --judge is not given and one ships."""
     if judge_arg == SMALL:
@@ -114,7 +114,7 @@ def judge(args, train, info, data_name):
         raise UserError(f"the judge {path} reads 32x32 colour images of {net.classes} classes, not this model's "
                         f"{info.height}x{info.width}x{info.channels} of {info.num_classes}; pass --judge small.")
     return (lambda seqs: judges.class_probs(net, seqs)), (
-        f"{path.name} (imagegen.benchmarks.judge, widths {net.widths}, each image read with its mirror; "
+        f"{path.name} (tools.judge, widths {net.widths}, each image read with its mirror; "
         f"{meta['record'].get('test_accuracy', float('nan')):.4f} when trained)")
 
 
@@ -132,7 +132,7 @@ def main(argv=None):
     p.add_argument("--precision", default="float32", help="the sampler's products: float32, int8, bfloat16 or auto")
     p.add_argument("--judge", default=None,
                    help="the judge (its test accuracy is always measured again): a .safetensors that "
-                        "imagegen.benchmarks.judge wrote; 'small' to train the small CNN; another FILE: the small "
+                        "tools.judge wrote; 'small' to train the small CNN; another FILE: the small "
                         "CNN's weights, read when it exists, else written after training (default: the shipped "
                         "judge for CIFAR-10 models, else the small CNN trained anew)")
     args = p.parse_args(argv)
@@ -154,8 +154,8 @@ def main(argv=None):
     print(f"judge: {description}, {time.perf_counter() - start:.0f} s; test accuracy {accuracy:.4f} on "
           f"{len(test[0])} images")
     asked = torch.arange(model.num_classes).repeat_interleave(args.per_class)
-    dtype = resolve_precision(args.precision, torch.device("cpu"), dims=model_dims(model), batch=args.batch_size,
-                              record=ck.get("record"))
+    dtype = decide_precision(args.precision, torch.device("cpu"), dims=model_dims(model), batch=args.batch_size,
+                             record=ck.get("record")).value
     rows = []
     for guidance in args.guidance:
         start = time.perf_counter()

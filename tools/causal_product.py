@@ -2,7 +2,7 @@
 threads, same inputs, interleaved rounds): forward (no grad) and forward+backward, in
 milliseconds, median over rounds.
 
-    python -m imagegen.benchmarks.causal_product [--device cpu] [--dtype float32] [--json out.json]
+    python -m tools.causal_product [--device cpu] [--dtype float32] [--json out.json]
         [--shapes 4,8,784,32,32 16,4,3072,32,32 ...] [--chunks 32,64,128] [--repeat 5] [--quick]
 
 Shapes are N,H,L,E,M. Prints the plan, then one table per shape as it is measured, with the
@@ -20,11 +20,11 @@ import time
 
 import torch
 
-from ..ops.allocator import for_device
-from ..ops import causal_product, kernel_error
-from .report import machine
-from .timing import backward_over_forward, time_all
-from ..errors import one_line
+from imagegen.ops.allocator import for_device
+from imagegen.ops import causal_product, kernel_error
+from imagegen.benchmarks.report import machine
+from imagegen.benchmarks.timing import backward_over_forward, time_all
+from imagegen.errors import one_line
 
 DEFAULT_SHAPES = ["4,8,784,32,32", "4,8,3072,32,32", "4,8,16384,32,32",
                   "16,4,784,32,32", "16,4,3072,32,32"]

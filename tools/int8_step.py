@@ -4,15 +4,15 @@ x quantized per row, int32 sums, AVX512-VNNI or AVX2 where the CPU has it; IMAGE
 forces the AVX2 form), and through torch's fbgemm
 dynamic quantized linear (`imagegen.ops.int8.linear_int8`, what precision=int8 runs today).
 
-    python -m imagegen.benchmarks.int8_step --out bench/int8_step.json     # about a minute
-    python -m imagegen.benchmarks.int8_step --steps mnist-linear cifar10-linear --rounds 7 --out bench/int8_steps.json
+    python -m tools.int8_step --out bench/int8_step.json     # about a minute
+    python -m tools.int8_step --steps mnist-linear cifar10-linear --rounds 7 --out bench/int8_steps.json
 
-    python -m imagegen.benchmarks.int8_step --steps mnist-linear cifar10-linear --generate 64 --rounds 3 \
+    python -m tools.int8_step --steps mnist-linear cifar10-linear --generate 64 --rounds 3 \
         --out bench/int8_generate.json
 
 --steps times whole decoding steps of shipped models instead, at batches 1, 16, 64, 256 (`step_calls`):
 float32, and int8 through the one-call C++ step, the Python module loop with the kernel's products and the
-module loop with fbgemm's, the choice `model.int8_step.int8_one_call` makes (CPU time, one thread);
+module loop with fbgemm's, the choice `sampling.plan.int8_one_call` makes (CPU time, one thread);
 with --generate B, whole images sampled B at a time (no guidance) at float32 and int8, end to end.
 
 One torch thread, in one process; per shape and batch the three products are timed in turns
@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from .report import machine, markdown_table, write_outputs
-from ..errors import one_line
+from imagegen.benchmarks.report import machine, markdown_table, write_outputs
+from imagegen.errors import one_line
 
 SHAPES = [("256->768", 256, 768), ("256->1024", 256, 1024), ("1024->256", 1024, 256)]
 # paper_cifar (conf/preset/paper_cifar.yaml: d_model 256, d_ff 1024): one block's products
@@ -41,9 +41,9 @@ PRODUCTS = ("float32", "int8_kernel", "fbgemm")
 
 def products(d_in, d_out, batch, seed=0):
     """{name: a call with no arguments} for the three products of one shape and batch."""
-    from ..ops.build import load_kernel
-    from ..ops.int8 import linear_int8, pack_int8, quantize
-    from ..ops.layout import panels
+    from imagegen.ops.build import load_kernel
+    from imagegen.ops.int8 import linear_int8, pack_int8, quantize
+    from imagegen.ops.layout import panels
     kernel = load_kernel("cpu")
     g = torch.Generator().manual_seed(seed)
     w, b = torch.randn(d_in, d_out, generator=g) * 0.05, torch.randn(d_out, generator=g) * 0.1
@@ -98,8 +98,8 @@ def step_calls(model, batch):
     """{name: a call with no arguments}: one decoding step (`model.step`, no draw) of a shipped model at `batch`
     images, in float32 (the one-call C++ step), and at int8 through the one-call step (the kernel's products),
     the Python module loop with the kernel's products, and the module loop with fbgemm's."""
-    from ..dtypes import INT8
-    from ..ops.int8 import forced_product
+    from imagegen.dtypes import INT8
+    from imagegen.ops.int8 import forced_product
     states = {"float32": model.init_state(batch, torch.device("cpu"), torch.float32)}
     for name, kind, one_call in (("int8_one_call", "kernel", True), ("int8_loop_kernel", "kernel", False),
                                  ("int8_loop_fbgemm", "fbgemm", False)):
@@ -118,7 +118,7 @@ def step_calls(model, batch):
 
 def shipped_model(name):
     """(the module of a shipped model or checkpoint, in evaluation mode; its checkpoint dict)."""
-    from ..store import checkpoint, shipped
+    from imagegen.store import checkpoint, shipped
     path = shipped.resolve(name)
     ck = checkpoint.load(path)
     return checkpoint.model_from_checkpoint(ck, path).eval(), ck
@@ -145,15 +145,15 @@ def step_rows(names, batches, rounds):
 def generate_rows(names, batch, rounds):
     """One row per shipped model: CPU seconds to sample `batch` whole images (one batch, no guidance, the
     sampler's own choice of step) at float32 and at int8, in turns, `rounds` times; images/sec of the best."""
-    from ..model.transformer import model_dims
-    from ..precision import resolve_precision
-    from ..sampling.decode import generate
+    from imagegen.model.transformer import model_dims
+    from imagegen.precision import decide_precision
+    from imagegen.sampling.decode import generate
     rows = []
     for name in names:
         model, ck = shipped_model(name)
         labels = torch.arange(batch) % model.num_classes if model.num_classes else None
-        dtypes = {p: resolve_precision(p, torch.device("cpu"), dims=model_dims(model), batch=batch,
-                                       record=ck.get("record")) for p in ("float32", "int8")}
+        dtypes = {p: decide_precision(p, torch.device("cpu"), dims=model_dims(model), batch=batch,
+                                      record=ck.get("record")).value for p in ("float32", "int8")}
         calls = {p: (lambda p=p: generate(model, batch, labels=labels, guidance=1.0, batch_size=batch,
                                           dtype=dtypes[p])) for p in dtypes}
         s = {k: v / 1e6 for k, v in time_interleaved(calls, rounds, 1, time.thread_time).items()}
@@ -181,8 +181,8 @@ COLUMNS = [("group", "set", None), ("product", "product", None), ("d_in", "d_in"
 
 
 def main(argv=None):
-    from ..ops.build import ensure_kernel, load_kernel
-    from ..ops.int8 import FORM_VAR, int8_form
+    from imagegen.ops.build import ensure_kernel, load_kernel
+    from imagegen.ops.int8 import FORM_VAR, int8_form
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/int8_step.json", help="the JSON (the markdown beside it, .md)")
     p.add_argument("--rounds", type=int, default=30, help="timed rounds per product (the best is kept)")

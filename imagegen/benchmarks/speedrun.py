@@ -147,7 +147,8 @@ def read_record(path):
     try:
         record = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise UserError(f"{path} is not a speedrun record ({e}); move it aside or pass speedrun.record=OTHER.json.")
+        raise UserError(f"{path} is not a speedrun record ({e}); move it aside or pass "
+                        f"speedrun.record=OTHER.json.") from None
     if not (isinstance(record, dict) and isinstance(record.get("rows"), list)):
         raise UserError(f"{path} is not a speedrun record (no list of rows); move it aside or pass "
                         f"speedrun.record=OTHER.json.")
@@ -172,7 +173,8 @@ def table(record):
             best[key] = r["cpu_seconds"]
     columns = [("data", "data", None), ("change", "change", None), ("budget_minutes", "budget (CPU min)", "{:g}"),
                ("minutes", "CPU min to target", "{:.2f}"), ("record_before", "record before", "{:.2f}"),
-               ("steps", "steps", None), ("best_val_bpd", "best val", "{:.4f}"), ("test_bpd", "test bits/dim", "{:.4f}"),
+               ("steps", "steps", None), ("best_val_bpd", "best val", "{:.4f}"),
+               ("test_bpd", "test bits/dim", "{:.4f}"),
                ("tokens_per_s", "tokens/s", "{:,.0f}"), ("share", "% fp32 peak", "{:.0f}"),
                ("share_bf16", "% bf16 peak", "{:.0f}"), ("threads", "threads", None), ("verdict", "kept", None),
                ("cpu", "CPU", None), ("load", "load", None), ("date", "date", None)]

@@ -29,6 +29,7 @@ from ..store import checkpoint
 from ..store.format import advice
 from ..store.checks import check_compatible, check_resumable, check_training, check_weights_fit
 from ..tuning import probe
+from ..tuning.choice import Choice
 from ..tuning.machine import available_bytes
 from ..tuning.threads import Watch
 from ..world import lost, max_, sum_
@@ -183,6 +184,8 @@ class Trainer:
             return
         if self.t["bf16"] == "auto":
             self.bf16 = saved == "bfloat16"
+            self.bf16_choice = Choice(self.bf16, f"{saved} (train.bf16=auto: the precision {self.last} was "
+                                                 f"trained in)")
             self.opt = make_optimizer(self.model, self.t, self.bf16)         # Muon orthogonalises in it
             self.say(f"training on in {saved}, the precision {self.last} was trained in (train.bf16=auto)")
             return

@@ -121,9 +121,10 @@ def test_useful_flops_count_six_per_parameter_and_the_linear_state():
 @pytest.mark.slow
 def test_imagegen_train_stops_at_the_target_and_resumes_muon_exactly(mnist_root, tmp_path):
     """optimizer=muon with zero_init, stopped at step 4 and resumed to 8: the same weights and moments as
-    8 steps at once; train.target_bpd stops a run at its first validation under the target."""
+    8 steps at once (a constant learning rate after warmup, so that the two budgets' schedules agree);
+    train.target_bpd stops a run at its first validation under the target."""
     muon = [*TRAIN, f"data.root={mnist_root}", "train.optimizer=muon", "train.zero_init=true",
-            "model.context=[2,5]", "train.val_every=100"]
+            "model.context=[2,5]", "train.val_every=100", "train.min_lr_ratio=1.0"]
     run("imagegen-train", *muon, f"run_dir={tmp_path / 'ref'}", "train.max_steps=8")
     run("imagegen-train", *muon, f"run_dir={tmp_path / 'cut'}", "train.max_steps=4")
     run("imagegen-train", *muon, f"run_dir={tmp_path / 'cut'}", "train.max_steps=8")
@@ -134,8 +135,7 @@ def test_imagegen_train_stops_at_the_target_and_resumes_muon_exactly(mnist_root,
     for i, s in a["optimizer"]["state"].items():
         for key, value in s.items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][i][key])), (i, key)
-    assert "momentum_buffer" in a["optimizer"]["state"][len(a["optimizer"]["state"]) - 1] or any(
-        "momentum_buffer" in s for s in a["optimizer"]["state"].values())
+    assert any("momentum_buffer" in s for s in a["optimizer"]["state"].values())      # Muon's state resumed too
 
     proc = run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path / 'tgt'}",
                "train.max_steps=50", "train.val_every=2", "train.target_bpd=100")
@@ -172,8 +172,8 @@ def test_bench_speedrun_records_a_run_and_reads_it_again(mnist_root, tmp_path):
     args = ["mode=speedrun", f"out_dir={tmp_path}", "data=mnist", f"data.root={mnist_root}",
             f"speedrun.record={record}", "speedrun.change=tiny", "speedrun.budgets=[0.05,1]",
             "speedrun.target=100", "speedrun.val_every=2", "speedrun.val_images=4", "speedrun.test_images=4",
-            "speedrun.overrides=[model.n_layers=1,model.d_model=16,model.n_heads=2,model.d_ff=32,train.batch_size=4,"
-            "train.warmup_steps=2]"]
+            "speedrun.overrides=['model.n_layers=1','model.d_model=16','model.n_heads=2','model.d_ff=32',"
+            "'train.batch_size=4','train.warmup_steps=2']"]
     first = run("imagegen-bench", *args)
     assert "tiny, budget 0.05 min: reached 100" in first.stdout
     rows = json.loads(record.read_text())["rows"]

@@ -198,9 +198,9 @@ def run(c):
     peaks = record["peaks"][cpu_name()]
     for budget in sorted(s["budgets"]):
         run_dir = out / f"{data['name']}-{slug(s['change'])}-{budget:g}m-s{c['seed']}"
-        argv = train_argv(s, data, target, budget, c["seed"], run_dir)
-        if sweep([(run_dir.name, argv, run_dir.with_suffix(".log"))], 1):
-            raise UserError(f"the run {run_dir.name} failed; its log: {run_dir.with_suffix('.log')}.")
+        argv, log = train_argv(s, data, target, budget, c["seed"], run_dir), out / f"{run_dir.name}.log"
+        if sweep([(run_dir.name, argv, log)], 1):
+            raise UserError(f"the run {run_dir.name} failed; its log: {log}.")
         row = row_of(s, c, data, target, budget, run_dir, peaks)
         record["rows"] = [r for r in record["rows"] if r.get("run_dir") != str(run_dir)] + [row]
         write_bytes(record_path, (json.dumps(record, indent=2) + "\n").encode(), what="speedrun record")

@@ -89,7 +89,8 @@ def useful_flops_per_token(model):
 
 
 def core_peaks():
-    """{float32, bfloat16: GFLOP/s} of one thread's best square product (PEAK_SIZE), the core's practical peak."""
+    """{float32, bfloat16: GFLOP/s} of one thread's best square product (PEAK_SIZE) of 20, the core's practical
+    peak (measured once per CPU model, kept in the record: delete its entry there to measure it again)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -97,7 +98,7 @@ def core_peaks():
         for dtype in (torch.float32, torch.bfloat16):
             a, b = torch.randn(PEAK_SIZE, PEAK_SIZE, dtype=dtype), torch.randn(PEAK_SIZE, PEAK_SIZE, dtype=dtype)
             best = float("inf")
-            for _ in range(4):
+            for _ in range(20):
                 start = time.perf_counter()
                 torch.mm(a, b)
                 best = min(best, time.perf_counter() - start)
@@ -125,16 +126,16 @@ def row_of(s, c, data, target, budget, run_dir, peaks):
     model = checkpoint.model_from_checkpoint(ck)
     steps, elapsed, wall = ck["state"]["step"], ck["state"]["elapsed"], ck["state"].get("wall") or None
     batch, length = ck["config"]["train"]["batch_size"], dataset_info(data).length
-    tokens_per_s = steps * batch * length / wall if wall else None
+    tokens_per_s = steps * batch * length / wall if wall else None          # at the run's threads
     flops = useful_flops_per_token(model)
-    rate = flops * tokens_per_s / 1e9 if tokens_per_s else None
+    rate = flops * steps * batch * length / elapsed / 1e9 if elapsed else None   # per CPU-second: one core's
     return {"data": data["name"], "preset": s["preset"], "change": s["change"], "overrides": list(s["overrides"]),
             "target": target, "budget_minutes": budget, "reached": step is not None,
             "cpu_seconds": cpu_s, "wall_seconds": wall_s, "steps": step, "threads": s["threads"],
             "run_steps": steps, "run_cpu_seconds": elapsed, "best_val_bpd": best, "tokens_per_s": tokens_per_s,
             "useful_gflops": rate, "flops_per_token": flops,
             "share_fp32_peak": rate / peaks["float32"] if rate else None,
-            "share_bf16_peak": rate / peaks["bfloat16"] if rate else None,
+            "share_bf16_peak": rate / peaks["bfloat16"] if rate and peaks["bfloat16"] > peaks["float32"] else None,
             "test_bpd": test_bpd(run_dir, {**ck["config"]["data"], "root": data["root"]}, s["test_images"]),
             "test_images": s["test_images"], "precision": ck.get("precision"), "seed": c["seed"],
             "cpu": cpu_name(), "date": date.today().isoformat(), "kept": s["kept"], "load": s["load"],
@@ -183,7 +184,10 @@ def table(record):
     return ("# Speedrun records\n\nWritten by `imagegen-bench mode=speedrun` (docs/speedrun.json holds every row, "
             "its overrides and run folder). Time to target: CPU minutes of one training process at the first "
             "validation at or under the target. The cores' practical peaks (one thread's best 1024-square "
-            f"product): {peaks}.\n\n" + markdown_table(rows, columns))
+            f"product; a bfloat16 peak below float32's is emulated, and no share of it is given): {peaks}. The "
+            "useful rate counts 6 FLOPs per non-embedding parameter and token and the linear attention's state "
+            "work (useful_flops_per_token in benchmarks/speedrun.py), per CPU-second of the run.\n\n"
+            + markdown_table(rows, columns))
 
 
 def run(c):

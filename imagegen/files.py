@@ -11,6 +11,7 @@ the RuntimeError of torch's zip writer (a full disk seen from torch.save) alike.
   write_bytes(path, data, what)        data: bytes
   write_with(path, writer, what)       writer(f) writes into the binary file object f
   write_owned(path, data, what, overwrite)    write_bytes, refused over a file imagegen did not write there
+  check_owned(paths, what, overwrite)  write_owned's refusal for several files, checked before any is written
   image_format(path, mode)             the Pillow format path's suffix names; encode_image(image, fmt): its bytes
   write_folder(out, files, what, overwrite)   a folder of files, built beside `out` and swapped in
   write_error(path, e, kept, what)     the UserError for a failed write (also for folders: export)
@@ -211,6 +212,15 @@ def check_replaceable(out, files, what, overwrite, record=MANIFEST):
                         f"since; pass overwrite=true to replace {them} (a symlink is replaced, never written "
                         f"through), or choose another out=... (nothing was written).")
     return owned
+
+
+def check_owned(paths, what="file", overwrite=False):
+    """Refuse (UserError, nothing written) as write_owned would, for each of `paths`, before any is written:
+    a command writing several files (convert's OUT.safetensors and OUT.json) writes all of them or none."""
+    for path in map(Path, paths):
+        check_target(path, what)
+        if path.parent.is_dir():
+            check_replaceable(path.parent, {path.name: None}, what, overwrite, OUTPUTS)
 
 
 def write_owned(path, data, what="file", overwrite=False, fix=FIX):

@@ -33,6 +33,7 @@ def convert(cfg, device):
         raise UserError(f"check_images must be >= 0 (0: skip the check), got {cfg['check_images']}.")
     check_sampling(guidance=cfg["guidance"])          # the default every later sample takes
     precision = shipped.check_precision(cfg.get("precision", "float32"))
+    shipped.check_writable(cfg["out"], cfg.get("overwrite", False))     # before the check's minutes, not after
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
@@ -71,7 +72,7 @@ def convert(cfg, device):
             print(f"with int8 products: {int8:.4f} ({int8 - bpd:+.4f}, recorded)")
     if not cfg.get("keep_root", True):
         config["data"]["root"] = None           # a model to ship: the loading machine's data/<name>
-    weights, meta = shipped.write(cfg["out"], config, blob, record)
+    weights, meta = shipped.write(cfg["out"], config, blob, record, cfg.get("overwrite", False))
     print(f"wrote {weights} and {meta}")
     return record
 

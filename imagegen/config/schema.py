@@ -270,6 +270,8 @@ class ConvertConfig:
     device: str = opt("cpu", "where the check runs")
     threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     progress: bool = opt(True, "show a progress bar")
+    overwrite: bool = opt(False, "replace OUT.safetensors or OUT.json that imagegen did not write there or that "
+                                 "changed since (never a model shipped with imagegen)")
     data: DataOverride = field(default_factory=DataOverride)
 
 

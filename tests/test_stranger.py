@@ -1,0 +1,32 @@
+"""A stranger's machine, round 2 (issue 54): every writer asks first, untrusted names never reach the
+terminal raw, every number is checked before it is used. One test (or more) per row of the issue's table,
+each failing before its fix."""
+import pytest
+
+from commands import call, one_line_error
+from fixtures import tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("ck") / "m.pt")
+
+
+# ---------------------------------------------------------------- row 1: convert asks before replacing
+def convert(ck, out, *args):
+    return call("imagegen-convert", f"checkpoint={ck}", f"out={out}", "check_images=0", "threads=1", *args)
+
+
+def test_convert_never_replaces_a_users_file_or_a_shipped_model(ck, tmp_path):
+    from imagegen.store.shipped import SHIPPED
+
+    mine = tmp_path / "mine.json"
+    mine.write_text("x")
+    one_line_error(convert(ck, tmp_path / "mine"), f"{mine} exists, and imagegen did not write it")
+    assert mine.read_text() == "x" and not (tmp_path / "mine.safetensors").exists()
+    assert convert(ck, tmp_path / "mine", "overwrite=true").returncode == 0
+    assert convert(ck, tmp_path / "mine").returncode == 0            # its own files: replaced without asking
+    shipped = {p: p.read_bytes() for p in SHIPPED.glob("mnist-linear.*")}
+    one_line_error(convert(ck, SHIPPED / "mnist-linear", "overwrite=true"),
+                   "is a model shipped with imagegen, which is never replaced")
+    assert {p: p.read_bytes() for p in SHIPPED.glob("mnist-linear.*")} == shipped

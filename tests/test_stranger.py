@@ -30,3 +30,19 @@ def test_convert_never_replaces_a_users_file_or_a_shipped_model(ck, tmp_path):
     one_line_error(convert(ck, SHIPPED / "mnist-linear", "overwrite=true"),
                    "is a model shipped with imagegen, which is never replaced")
     assert {p: p.read_bytes() for p in SHIPPED.glob("mnist-linear.*")} == shipped
+
+
+# ---------------------------------------------------------------- row 2: eval's record asks too
+def test_eval_never_replaces_a_users_file_named_like_its_record(ck, tmp_path, mnist_root):
+    import shutil
+
+    mine = shutil.copy(ck, tmp_path / "m.pt")
+    record = tmp_path / "m.test.json"
+    record.write_text('{"my": 1}')
+    args = (f"checkpoint={mine}", f"data.root={mnist_root}", "max_images=4", "batch_size=4", "progress=false",
+            "threads=1")
+    one_line_error(call("imagegen-eval", *args), f"{record} exists, and imagegen did not write it")
+    assert record.read_text() == '{"my": 1}'
+    assert call("imagegen-eval", *args, "overwrite=true").returncode == 0
+    assert call("imagegen-eval", *args).returncode == 0               # its own record: replaced without asking
+    assert '"bits_per_dim"' in record.read_text()

@@ -184,6 +184,8 @@ class EvalConfig(CheckpointCommand):
                                     "LayerNorm, the attention's sums and the head in float32): the quantized model's "
                                     "exact bits/dim")
     labels: bool = opt(True, "class-conditional models: score each image given its label (false: without labels)")
+    overwrite: bool = opt(False, "replace a result file <checkpoint stem>.<split>.json that imagegen did not write "
+                                 "there or that changed since")
 
 
 @dataclass

@@ -137,6 +137,16 @@ def test_unpack_never_overwrites_a_run(runs, tmp_path):
     assert loaded(target)["state"]["step"] == STEPS // 2
 
 
+def test_a_refused_unpack_leaves_nothing_in_the_users_folder(runs, tmp_path):
+    """issue 54 row 12: the refusal said "nothing was written" but left the run dir's .lock there."""
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "last.pt").write_text("my own file")
+    one_line_error(call("imagegen-run", "unpack", f"pack={runs / 'pack'}", f"run_dir={target}"),
+                   "(nothing was written)")
+    assert sorted(p.name for p in target.iterdir()) == ["last.pt"]
+
+
 def test_a_pack_cannot_write_outside_its_run_dir(tmp_path):
     """The manifest's checksum is no signature: a made-up pack with consistent digests is still refused when
     it names a path outside the run folder."""

@@ -46,3 +46,15 @@ def test_eval_never_replaces_a_users_file_named_like_its_record(ck, tmp_path, mn
     assert call("imagegen-eval", *args, "overwrite=true").returncode == 0
     assert call("imagegen-eval", *args).returncode == 0               # its own record: replaced without asking
     assert '"bits_per_dim"' in record.read_text()
+
+
+# ---------------------------------------------------------------- row 12: a refused command leaves nothing
+def test_a_failed_train_init_leaves_no_run_folder(mnist_root, tmp_path):
+    from commands import TRAIN
+
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(b"not a checkpoint")
+    run_dir = tmp_path / "new-run"
+    one_line_error(call("imagegen-train", *TRAIN, f"data.root={mnist_root}", "data.download=false",
+                        f"run_dir={run_dir}", f"train.init={evil}"), "train.init")
+    assert not run_dir.exists()

@@ -79,7 +79,7 @@ def train(cfg, device):
         run_dir = prepare_run_dir(cfg)
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
-        with folder_lock(run_dir, created=created) if world.main else nullcontext():
+        with folder_lock(run_dir, created=created, scratch=(".hydra",)) if world.main else nullcontext():
             trainer = Trainer(cfg, device, world, run_dir)
             try:
                 return trainer.run()

@@ -115,6 +115,16 @@ def pack_run(run_dir, out, state="exact", best="weights", max_files=8, max_mib=1
     return written
 
 
+def held_run(run_dir, overwrite):
+    """The run files that run_dir holds (rundir.previous_files); a UserError when it holds some and not `overwrite`."""
+    held = rundir.previous_files(run_dir)
+    if held and not overwrite:
+        raise UserError(f"run_dir {run_dir} already holds a run's files ({', '.join(p.name for p in held[:3])}"
+                        f"{' ...' if len(held) > 3 else ''}); choose a new run_dir=..., or pass overwrite=true "
+                        f"to move them into {run_dir}/previous-<time>/ first (nothing was written).")
+    return held
+
+
 def unpack_run(pack_dir, run_dir, overwrite=False, say=print):
     """Unpack PACK `pack_dir` into `run_dir` (see the module docstring); returns the run's step."""
     run_dir = Path(run_dir).expanduser()
@@ -133,13 +143,10 @@ def unpack_run(pack_dir, run_dir, overwrite=False, say=print):
     if os.path.lexists(run_dir) and not run_dir.is_dir():
         raise UserError(f"run_dir {run_dir} is a file, not a folder; choose another run_dir=... (nothing was "
                         f"written).")
+    held_run(run_dir, overwrite)           # refused before anything (the lock file too) is written there
     run_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(run_dir):
-        held = rundir.previous_files(run_dir)
-        if held and not overwrite:
-            raise UserError(f"run_dir {run_dir} already holds a run's files ({', '.join(p.name for p in held[:3])}"
-                            f"{' ...' if len(held) > 3 else ''}); choose a new run_dir=..., or pass overwrite=true "
-                            f"to move them into {run_dir}/previous-<time>/ first (nothing was written).")
+        held = held_run(run_dir, overwrite)
         if held:
             say(f"moved the files it held into {rundir.set_aside(run_dir, held)}")
         for name, data in files.items():

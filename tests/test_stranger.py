@@ -58,3 +58,20 @@ def test_a_failed_train_init_leaves_no_run_folder(mnist_root, tmp_path):
     one_line_error(call("imagegen-train", *TRAIN, f"data.root={mnist_root}", "data.download=false",
                         f"run_dir={run_dir}", f"train.init={evil}"), "train.init")
     assert not run_dir.exists()
+
+
+# ---------------------------------------------------------------- row 3: shapes before values
+def test_a_weight_expanded_to_a_trillion_values_is_named_before_it_is_read(tmp_path):
+    import torch
+
+    import imagegen
+    from fixtures import one_sentence
+    from imagegen.errors import UserError
+
+    absurd = tiny_checkpoint(tmp_path / "absurd.pt", model=lambda p: {
+        **p["model"], "tok.weight": torch.zeros(1).expand(10 ** 6, 10 ** 6)})
+    with pytest.raises(UserError, match=r"tok.weight is \(1000000, 1000000\) where the model needs") as e:
+        imagegen.load(absurd)
+    one_sentence(e)
+    one_line_error(call("imagegen-sample", f"checkpoint={absurd}", f"out={tmp_path / 'x.png'}", "threads=1"),
+                   "tok.weight is (1000000, 1000000)")

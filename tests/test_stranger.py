@@ -75,3 +75,37 @@ def test_a_weight_expanded_to_a_trillion_values_is_named_before_it_is_read(tmp_p
     one_sentence(e)
     one_line_error(call("imagegen-sample", f"checkpoint={absurd}", f"out={tmp_path / 'x.png'}", "threads=1"),
                    "tok.weight is (1000000, 1000000)")
+
+
+# ---------------------------------------------------------------- rows 4, 5, 13: every number checked
+@pytest.mark.parametrize("arg, says", [
+    ("train.lr=nan", "train.lr must be a finite number > 0, got nan"),
+    ("train.lr=inf", "train.lr must be a finite number > 0, got inf"),
+    ("train.weight_decay=nan", "train.weight_decay must be a finite number >= 0, got nan"),
+    ("train.ema=nan", "train.ema must be a finite number in [0, 1)"),
+    ("model.dropout=nan", "model.dropout must be a finite number in [0, 1]"),
+    ("data.val_fraction=inf", "data.val_fraction must be a finite number in (0, 1)"),
+    ("train.betas=[0.9,nan]", "train.betas must be a finite number"),
+])
+def test_non_finite_training_numbers_are_one_sentence_before_anything_is_written(mnist_root, tmp_path, arg, says):
+    from commands import TRAIN
+
+    run_dir = tmp_path / "r1"
+    one_line_error(call("imagegen-train", *TRAIN, f"data.root={mnist_root}", "data.download=false",
+                        f"run_dir={run_dir}", arg), says)
+    assert not run_dir.exists()
+
+
+def test_a_diverged_run_without_a_checkpoint_names_none(mnist_root, tmp_path):
+    from commands import TINY
+
+    proc = call("imagegen-train", "model=linear", *TINY, f"data.root={mnist_root}", "data.download=false",
+                f"run_dir={tmp_path / 'r1'}", "train.lr=1e30", "train.warmup_steps=0", "train.max_steps=20")
+    one_line_error(proc, "the loss became non-finite")
+    assert "last.pt" not in proc.stderr and "no checkpoint was saved yet" in proc.stderr
+
+
+def test_a_scale_too_large_names_the_scale_that_fits(ck, tmp_path):
+    proc = call("imagegen-sample", f"checkpoint={ck}", f"out={tmp_path / 'x.png'}", "scale=1000000", "threads=1")
+    one_line_error(proc, "lower the scale (at most about scale=")
+    assert "at most about 0" not in proc.stderr

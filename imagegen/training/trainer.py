@@ -276,8 +276,10 @@ class Trainer:
                     not torch.isfinite(loss).item(), state.elapsed if self.world.main else 0.0])
                 state.elapsed = elapsed
                 if bad:
+                    then = (f"resume from {self.last} or start over" if self.last.exists() else
+                            "run the command again (no checkpoint was saved yet)")
                     raise UserError(f"the loss became non-finite at step {state.step}; lower train.lr or raise "
-                                    f"train.warmup_steps, then resume from {self.last} or start over.")
+                                    f"train.warmup_steps, then {then}.")
                 if signalled or spent:
                     break
                 lr = learning_rate(t, state.step, state.elapsed)

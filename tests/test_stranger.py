@@ -109,3 +109,21 @@ def test_a_scale_too_large_names_the_scale_that_fits(ck, tmp_path):
     proc = call("imagegen-sample", f"checkpoint={ck}", f"out={tmp_path / 'x.png'}", "scale=1000000", "threads=1")
     one_line_error(proc, "lower the scale (at most about scale=")
     assert "at most about 0" not in proc.stderr
+
+
+# ---------------------------------------------------------------- row 9: ~ is the home folder
+def test_a_tilde_in_a_data_root_or_imagegen_data_is_the_home_folder(mnist_root, tmp_path, monkeypatch):
+    import shutil
+
+    import imagegen
+
+    home = tmp_path / "home"
+    shutil.copytree(mnist_root, home / "d" / "mnist")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert convert(tiny_checkpoint(tmp_path / "m.pt"), tmp_path / "m", "keep_root=false").returncode == 0
+    monkeypatch.setenv("IMAGEGEN_DATA", "~/d")
+    model = imagegen.load(tmp_path / "m.safetensors")           # no data root: $IMAGEGEN_DATA/mnist
+    for root in (None, "~/d/mnist"):
+        x, _ = model.load_split("test", root=root, download=False)
+        assert len(x) == 16 and not (tmp_path / "~").exists()

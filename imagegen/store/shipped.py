@@ -50,7 +50,7 @@ def is_shipped(path):
 
 def default_root(dataset):
     """Where a dataset is looked for when a config leaves data.root empty: $IMAGEGEN_DATA/<name> or data/<name>."""
-    return str(Path(os.environ.get("IMAGEGEN_DATA", "data")) / dataset)
+    return str(Path(os.environ.get("IMAGEGEN_DATA", "data")).expanduser() / dataset)
 
 
 def read(path):

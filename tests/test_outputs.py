@@ -40,7 +40,7 @@ def test_save_each_never_replaces_a_users_file_in_its_folder(ck, tmp_path):
 
 
 def test_out_never_replaces_a_file_imagegen_did_not_write(ck, tmp_path):
-    essay = tmp_path / "essay.txt"
+    essay = tmp_path / "essay.webp"            # an essay under an image suffix: the user's file
     essay.write_text("my essay")
     one_line_error(sample(ck, essay), f"{essay} exists, and imagegen did not write it (or it changed since); pass "
                                       f"overwrite=true to replace it")

@@ -127,3 +127,13 @@ def test_a_tilde_in_a_data_root_or_imagegen_data_is_the_home_folder(mnist_root, 
     for root in (None, "~/d/mnist"):
         x, _ = model.load_split("test", root=root, download=False)
         assert len(x) == 16 and not (tmp_path / "~").exists()
+
+
+# ---------------------------------------------------------------- row 11: advice that leads somewhere
+def test_out_essay_txt_names_the_suffix_first_so_the_advice_works(ck, tmp_path):
+    essay = tmp_path / "essay.txt"
+    essay.write_text("my essay")
+    args = (f"checkpoint={ck}", f"out={essay}", "num_images=4", "nrow=2", "scale=1", "progress=false", "threads=1")
+    one_line_error(call("imagegen-sample", *args), "names no image format Pillow writes; end it in .png")
+    proc = call("imagegen-sample", *(a.replace("essay.txt", "essay.png") for a in args))   # the advice followed
+    assert proc.returncode == 0 and essay.read_text() == "my essay", proc.stderr

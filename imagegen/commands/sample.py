@@ -97,10 +97,10 @@ def run_sample(cfg, device):
     path = shipped.resolve(cfg["checkpoint"])
     out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
     check_target(out, "sample grid", f"{cfg['mode']}.png")
-    check_outputs(cfg, out)
     ck = checkpoint.load(path)
     info = dataset_info(ck["config"]["data"])
     fmt = image_format(out, "L" if info.channels == 1 else "RGB")
+    check_outputs(cfg, out)                  # after the format: overwrite=true, when advised, then works
     num_classes = ck["config"]["model"]["num_classes"]
     cfg = labels_given(cfg, num_classes, info.class_names)
     rows = label_rows(cfg, num_classes) if cfg["mode"] == "grid" else None

@@ -9,6 +9,7 @@ import numpy as np
 
 from . import files
 from .errors import UserError
+from .say import show
 
 
 def figure(ncols=1, width=7.2, height=4.2):
@@ -55,7 +56,7 @@ def save(fig, path, overwrite=None):
         files.write_bytes(path, data, "plot")
     else:
         files.write_owned(path, data, "plot", overwrite)
-    print(f"wrote {path}")
+    show(f"wrote {path}")
     return Path(path)
 
 
@@ -150,7 +151,7 @@ def training_curves(run_dirs, out, log=False, overwrite=False):
                 drawn_minutes = True
         last = f"train {train[1][-1]:.4f} at step {train[0][-1]}" if train[0] else "no train rows"
         best = f"best val {min(val[1]):.4f}" if val[0] else "no validation rows"
-        print(f"{label}: {last}, {best}")
+        show(f"{label}: {last}, {best}")
     by_step.set(title="bits/dim against steps", xlabel="step", ylabel="bits/dim")
     by_minute.set(title="bits/dim against minutes of training", xlabel="minutes", ylabel="bits/dim")
     if not drawn_minutes:

@@ -137,3 +137,33 @@ def test_out_essay_txt_names_the_suffix_first_so_the_advice_works(ck, tmp_path):
     one_line_error(call("imagegen-sample", *args), "names no image format Pillow writes; end it in .png")
     proc = call("imagegen-sample", *(a.replace("essay.txt", "essay.png") for a in args))   # the advice followed
     assert proc.returncode == 0 and essay.read_text() == "my essay", proc.stderr
+
+
+# ---------------------------------------------------------------- rows 10, 14: nothing raw reaches the terminal
+HOSTILE = ("\x1b[2J\x1b[31mHACKED", "new\nline", "back\rspace")
+
+
+def no_raw_control(text):
+    return all(c.isprintable() or c in "\n" for c in text)
+
+
+def test_hostile_class_folder_names_are_shown_escaped_and_keep_the_table(tmp_path):
+    from fixtures import write_class_folder
+
+    root = tmp_path / "pics"
+    write_class_folder(root, classes=HOSTILE, per_class=3)
+    proc = call("imagegen-data", "prepare", "data=folder", f"data.root={root}", "data.image_size=8",
+                "progress=false", "grid_images=0")
+    assert proc.returncode == 0, proc.stderr
+    assert no_raw_control(proc.stdout + proc.stderr), proc.stdout
+    assert "\\x1b[2J\\x1b[31mHACKED" in proc.stdout and "new\\nline" in proc.stdout
+    table = proc.stdout.split("classes (the first level of folders):\n")[1].splitlines()
+    assert len(table[0].split()) == len(table[1].split()) == 4          # header and each class: one line, 4 cells
+
+
+@pytest.mark.parametrize("value", ["a\x1b[31mb.png", "a\nb.png"])
+def test_a_control_character_on_the_command_line_is_one_sentence(ck, tmp_path, value):
+    proc = call("imagegen-sample", f"checkpoint={ck}", f"out={tmp_path / value}", "threads=1")
+    one_line_error(proc, "holds a control character, which no option takes; type it without")
+    assert proc.stderr.count("control character") == 1 and no_raw_control(proc.stderr)
+    assert list(tmp_path.iterdir()) == []

@@ -15,6 +15,7 @@ from .cli import hydra_entry
 from ..config import check_eval
 from ..data.sets import load_from_config
 from ..files import check_owned, write_owned
+from ..say import show
 from ..dtypes import autocast, dtype_name
 from ..model.transformer import model_dims
 from ..precision import resolve_precision, slow_bf16_note
@@ -48,7 +49,7 @@ def evaluate_on(cfg, device, world):
     draws = cfg["lsh_draws"] if lsh else 1
     dtype = resolve_precision(cfg.get("precision", "float32"), device, dims=model_dims(model))  # auto: measured
     if world.main and (note := slow_bf16_note(dtype, device)):
-        print(note)
+        show(note)
     start = time.perf_counter()
     nats = []
     for draw in range(draws):   # LSH: average the NLL over seeded hash draws
@@ -68,9 +69,9 @@ def evaluate_on(cfg, device, world):
         return result
     write_owned(out, (json.dumps(result, indent=2) + "\n").encode(), "result", cfg.get("overwrite", False))
     given = "" if not model.num_classes else (", each given its label" if labels is not None else ", without labels")
-    print(f"{len(x)} {cfg['split']} images{given}, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
+    show(f"{len(x)} {cfg['split']} images{given}, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
           f"wrote {out}")
-    print(f"bits/dim: {bpd:.4f}")
+    show(f"bits/dim: {bpd:.4f}")
     return result
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from . import folder
 from ..files import fsync_folder
 from ..errors import UserError
+from ..say import show
 from ..lock import exclusive
 
 CONVERSION_VERSION = 1          # raise when read_image's output changes for the same file and settings
@@ -212,7 +213,7 @@ def new_names():
     return {"images": f"images-{token}.npy", "meta": f"meta-{token}.npy"}
 
 
-def build(root, cache_dir, settings, scan, workers=0, progress=True, say=print):
+def build(root, cache_dir, settings, scan, workers=0, progress=True, say=show):
     """Convert every candidate of `scan` into a new cache in cache_dir (the caller holds its lock)."""
     root, cache_dir = Path(root), Path(cache_dir)
     workers = workers or default_workers()
@@ -264,7 +265,7 @@ def _write_skipped(cache_dir, skipped):
         path.unlink(missing_ok=True)
 
 
-def ensure(root, cache_dir, settings, workers=0, progress=True, say=print, check_only=False, scan_fn=None,
+def ensure(root, cache_dir, settings, workers=0, progress=True, say=show, check_only=False, scan_fn=None,
            build_fn=None):
     """(Cache of folder `root` in cache_dir, why it was out of date or None): converted first when
     missing or out of date (one line says why). check_only: never build (Cache None when out of date).

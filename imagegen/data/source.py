@@ -19,6 +19,7 @@ import numpy as np
 from . import imagecache, imagenet
 from .catalogue import DatasetInfo
 from ..errors import UserError
+from ..say import show
 
 
 class ImageRows:
@@ -105,7 +106,7 @@ def cache_dir(d):
     return home / f"{root.name}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
 
-def open_cache(d, progress=True, say=print, check_only=False):
+def open_cache(d, progress=True, say=show, check_only=False):
     """(imagecache.Cache or None, why out of date or None) of a folder (or downsampled ImageNet) data
     config; see imagecache.ensure."""
     if not d.get("root") or str(d["root"]).endswith("???"):
@@ -163,7 +164,7 @@ def empty_split(split, root, images):
                      f"take from).")
 
 
-def load(d, splits, labels=False, progress=True, say=print):
+def load(d, splits, labels=False, progress=True, say=show):
     """[ImageRows of each split] (or [(ImageRows, labels (B,) int64 tensor)] with labels=True) of a
     folder data config, converting the folder first when its cache is missing or out of date."""
     import torch

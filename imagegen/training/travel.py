@@ -21,6 +21,7 @@ import torch
 from ..errors import UserError
 from ..files import write_bytes
 from ..lock import folder_lock
+from ..say import show
 from ..store import checkpoint, checks, pack
 from . import rundir
 
@@ -82,7 +83,7 @@ def load_bytes(data, name):
     return checks.check(ck, name)
 
 
-def pack_run(run_dir, out, state="exact", best="weights", max_files=8, max_mib=16.0, overwrite=False, say=print):
+def pack_run(run_dir, out, state="exact", best="weights", max_files=8, max_mib=16.0, overwrite=False, say=show):
     """Pack the run in `run_dir` into PACK `out` (see the module docstring); returns the paths written."""
     run_dir = Path(run_dir).expanduser()
     if state not in STATES or best not in BESTS:
@@ -125,7 +126,7 @@ def held_run(run_dir, overwrite):
     return held
 
 
-def unpack_run(pack_dir, run_dir, overwrite=False, say=print):
+def unpack_run(pack_dir, run_dir, overwrite=False, say=show):
     """Unpack PACK `pack_dir` into `run_dir` (see the module docstring); returns the run's step."""
     run_dir = Path(run_dir).expanduser()
     files, meta = pack.read(pack_dir)

@@ -247,7 +247,8 @@ def write_owned(path, data, what="file", overwrite=False, fix=FIX):
 def folder_turn(folder):
     """Writers into one folder take turns: an flock on the folder itself (no file added to it), held while
     write_owned reads and rewrites the folder's record, so that two samplers writing there at once both
-    stay recorded. A folder that does not exist yet (write_bytes creates it), cannot be opened or locked: no turn."""
+    stay recorded, and write_folder (on the folder that holds its `out`, which it replaces whole) reads, swaps in
+    and records. A folder that does not exist yet (write_bytes creates it), cannot be opened or locked: no turn."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -302,6 +303,12 @@ def write_folder(out, files, what="site", overwrite=False, fix=FIX):
     longer writes are removed. Refuses what `check_replaceable` refuses. A failure while building
     leaves `out` as it was (one UserError sentence). Returns {name: bytes written}."""
     out = Path(out)
+    with folder_turn(out.parent):        # writers of one folder take turns: each reads the record the last one left
+        return swap_folder(out, files, what, overwrite, fix)
+
+
+def swap_folder(out, files, what, overwrite, fix):
+    """write_folder's work, in its turn."""
     if os.path.lexists(out) and not out.is_dir():
         raise UserError(f"out {out} is a file, not a folder; choose another out=... (nothing was written).")
     owned = check_replaceable(out, files, what, overwrite) if out.is_dir() else {}

@@ -167,3 +167,25 @@ def test_a_control_character_on_the_command_line_is_one_sentence(ck, tmp_path, v
     one_line_error(proc, "holds a control character, which no option takes; type it without")
     assert proc.stderr.count("control character") == 1 and no_raw_control(proc.stderr)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- row 6: image_size bounded, memory checked
+def test_an_absurd_image_size_is_one_sentence_before_any_file_is_read(tmp_path, monkeypatch):
+    import time
+
+    from fixtures import write_class_folder
+    from imagegen.data import imagecache
+    from imagegen.tuning import machine
+
+    root = tmp_path / "pics"
+    write_class_folder(root, per_class=2)
+    start = time.perf_counter()
+    one_line_error(call("imagegen-data", "prepare", "data=folder", f"data.root={root}", "data.image_size=100000",
+                        "progress=false"), "data.image_size must be a whole number of pixels from 1 to 1024")
+    assert time.perf_counter() - start < 30 and not (root / ".imagegen-cache").exists()
+    monkeypatch.setattr(machine, "available_bytes", lambda device: 2 ** 30)     # 1 GiB free: 1024x1024x3 x 16 fits
+    imagecache.check_convert_fits(imagecache.Settings(1024, 1024, 3, "crop", 255), 2)
+    monkeypatch.setattr(machine, "available_bytes", lambda device: 2 ** 26)     # 64 MiB free: it does not
+    with pytest.raises(Exception, match="would need about 96 MiB, more than the 51 MiB of free memory; pass a "
+                                        "smaller data.image_size"):
+        imagecache.check_convert_fits(imagecache.Settings(1024, 1024, 3, "crop", 255), 2)

@@ -131,6 +131,20 @@ def _open(cache_dir, manifest, settings):
                  manifest)
 
 
+def check_convert_fits(settings, workers):
+    """UserError, before any file is read, when `workers` conversions at once would not fit in 80% of the free
+    memory: each holds a decoded image, its float resize and its row, about 16 bytes per sub-pixel (a size that
+    does not fit would otherwise fail every file with MemoryError, blaming good files)."""
+    from ..tuning.machine import available_bytes
+    import torch
+
+    need, free = 16 * settings.length * workers, 0.8 * available_bytes(torch.device("cpu"))
+    if need > free:
+        raise UserError(f"converting images of {settings.height}x{settings.width}x{settings.channels} with {workers} "
+                        f"worker(s) would need about {need / 2**20:,.0f} MiB, more than the {free / 2**20:,.0f} MiB of "
+                        f"free memory; pass a smaller data.image_size (or data.height and data.width).")
+
+
 def default_workers():
     try:
         return len(os.sched_getaffinity(0))
@@ -217,6 +231,7 @@ def build(root, cache_dir, settings, scan, workers=0, progress=True, say=show):
     """Convert every candidate of `scan` into a new cache in cache_dir (the caller holds its lock)."""
     root, cache_dir = Path(root), Path(cache_dir)
     workers = workers or default_workers()
+    check_convert_fits(settings, workers)
     names = new_names()
     start = time.perf_counter()
     entries = scan.entries

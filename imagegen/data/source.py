@@ -67,6 +67,9 @@ class ImageRows:
 
 
 # ---------------------------------------------------------------- config
+MAX_SIDE = 1024      # pixels a side: a sequence of up to 3,145,728 sub-pixels (the shipped models read 784 and 3,072)
+
+
 def settings(d):
     """imagecache.Settings of a folder data config, every value checked (one sentence each)."""
     size, h, w = d.get("image_size"), d.get("height"), d.get("width")
@@ -78,9 +81,10 @@ def settings(d):
         raise UserError("data=folder needs the size of the images: data.image_size=S (e.g. 32), or data.height "
                         "and data.width.")
     for key, v in (("height", h), ("width", w)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise UserError(f"data.{'image_size' if size is not None else key} must be a positive whole number "
-                            f"of pixels, got {v!r}.")
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_SIDE:
+            raise UserError(f"data.{'image_size' if size is not None else key} must be a whole number of pixels "
+                            f"from 1 to {MAX_SIDE}, got {v!r}; a pixel transformer reads an image as one sequence "
+                            f"of height x width x channels bytes (32: 3,072), so pass e.g. data.image_size=32.")
     channels = d.get("channels", 3)
     if channels not in (1, 3):
         raise UserError(f"data.channels must be 1 (grey) or 3 (colour), got {channels!r}.")

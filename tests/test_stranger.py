@@ -189,3 +189,21 @@ def test_an_absurd_image_size_is_one_sentence_before_any_file_is_read(tmp_path, 
     with pytest.raises(Exception, match="would need about 96 MiB, more than the 51 MiB of free memory; pass a "
                                         "smaller data.image_size"):
         imagecache.check_convert_fits(imagecache.Settings(1024, 1024, 3, "crop", 255), 2)
+
+
+# ---------------------------------------------------------------- row 15: threads= honoured
+def test_threads_bounds_the_papers_training_jobs_and_prepares_workers(tmp_path, monkeypatch):
+    import os
+
+    from fixtures import write_class_folder
+    from imagegen.benchmarks.paper import slots
+    from imagegen.data import imagecache
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)     # a 4-core machine
+    monkeypatch.setattr(imagecache, "default_workers", lambda: 4)
+    assert slots({"jobs": 0, "threads": 1}) == 1 and slots({"jobs": 0, "threads": 0}) == 4
+    root = tmp_path / "pics"
+    write_class_folder(root, per_class=2)
+    proc = call("imagegen-data", "prepare", "data=folder", f"data.root={root}", "data.image_size=8", "threads=1",
+                "progress=false", "grid_images=0")
+    assert proc.returncode == 0 and "1 worker)" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -93,9 +93,10 @@ def budget(c):
 
 
 def slots(c):
-    """Training processes at once: one per CPU core this process may use, at most `jobs`."""
+    """Training processes at once (each of one thread): one per CPU core this process may use, at most `jobs` and
+    at most `threads` (the cores the command was given: threads=1 keeps the whole comparison on one core)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, c["jobs"] or cores))
+    return max(1, min(cores, c["jobs"] or cores, c.get("threads") or cores))
 
 
 def hydra_value(v):

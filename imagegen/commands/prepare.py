@@ -81,7 +81,10 @@ def standard_report(d):
 
 
 def prepare(cfg, device):
-    d = cfg["data"]
+    from ..config import check_threads
+
+    check_threads(cfg.get("threads", 0))
+    d = {**cfg["data"], "workers": cfg["data"].get("workers") or cfg.get("threads", 0)}
     if cfg["grid_images"] < 0 or cfg["nrow"] < 1 or cfg["scale"] < 1:
         raise UserError("grid_images must be >= 0, nrow and scale >= 1.")
     if cfg["grid"]:

@@ -360,6 +360,7 @@ class PrepareConfig:
     progress: bool = opt(True, "show the conversion's progress bar")
     overwrite: bool = opt(False, "replace a file at grid that imagegen did not write there (a symlink is replaced, "
                                  "never written through)")
+    threads: int = opt(0, "processes converting a folder's images when data.workers is 0 (0: one per CPU core)")
     data: DataConfig = field(default_factory=DataConfig)
 
 

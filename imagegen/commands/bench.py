@@ -6,6 +6,8 @@ mode=sampling    images/sec of linear-recurrent, softmax-KV-cache, softmax- and 
 mode=compare     the paper's table for trained checkpoints
 mode=browser     the exported page's JavaScript step in headless Chromium beside Python's step
 mode=paper       the paper's comparison: train every attention alike, then bits/dim and speed (docs/paper.md)
+mode=probes      the cached speed verdicts of the `auto` settings, each with why it is trusted or timed again
+                 (clear=true: remove them)
 """
 from pathlib import Path
 
@@ -13,7 +15,31 @@ from .cli import hydra_entry
 from ..data.sets import dataset_info
 from ..errors import UserError
 
-MODES = ("attention", "train_step", "sampling", "compare", "browser", "paper")
+MODES = ("attention", "train_step", "sampling", "compare", "browser", "paper", "probes")
+
+
+def probes(clear):
+    """mode=probes: print the cached verdicts (tuning.probe.listing), or remove them (clear)."""
+    from ..say import show
+    from ..tuning import probe
+
+    path = probe.cache_path()
+    if clear:
+        show(f"removed {probe.clear()} cached probe verdict(s) from {path}; each is timed again when next needed")
+        return
+    rows = probe.listing()
+    if not rows:
+        show(f"no cached probe verdicts in {path}")
+        return
+    show(f"{len(rows)} cached probe verdict(s) in {path} (ratio: baseline time / candidate time; the candidate is "
+         f"chosen from its margin):", wrap=True)
+    for key, e, why in rows:
+        load = "?" if probe.others(e.get("load"), e.get("threads", 1)) is None else \
+            f"{probe.others(e['load'], e.get('threads', 1)):.1f}"
+        show(f"  {key.partition('/')[2]}: {e['baseline_ms'] / e['candidate_ms']:.2f}x, "
+             f"{'chosen' if e.get('chosen') else 'not chosen'}, {e.get('threads', '?')} thread(s), timed "
+             f"{e.get('when', '?')} with other load {load}; " + (f"timed again when next needed: {why}" if why
+                                                                  else "trusted"))
 
 
 def evaluator(c, device):
@@ -29,6 +55,8 @@ def evaluator(c, device):
 
 
 def task(c, device):
+    if c["mode"] == "probes":
+        return probes(c.get("clear", False))
     from ..benchmarks.progress import apply_quick
     c = apply_quick(c)                     # quick=true: about a minute on 2 cores
     out = Path(c["out_dir"])

@@ -279,7 +279,9 @@ class ConvertConfig:
 
 @dataclass
 class BenchConfig:
-    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser or paper")
+    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser, paper or probes (the cached "
+                                "speed verdicts of the auto settings and why each is trusted)")
+    clear: bool = opt(False, "probes: remove the cached verdicts (each is timed again when next needed)")
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
     arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")

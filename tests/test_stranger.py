@@ -207,3 +207,13 @@ def test_threads_bounds_the_papers_training_jobs_and_prepares_workers(tmp_path, 
     proc = call("imagegen-data", "prepare", "data=folder", f"data.root={root}", "data.image_size=8", "threads=1",
                 "progress=false", "grid_images=0")
     assert proc.returncode == 0 and "1 worker)" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- row 17: the README a stranger reads
+def test_the_readme_names_no_path_of_our_machines_and_says_where_chromium_comes_from():
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    assert ".lease" not in text and "is a 5,000-digit subset" not in text and "all 60,000 digits" in text
+    install = text.split("## Install")[1].split("\n## ")[0]
+    assert "apt-get install chromium" in install and "never `playwright install`" in install

@@ -217,3 +217,18 @@ def test_the_readme_names_no_path_of_our_machines_and_says_where_chromium_comes_
     assert ".lease" not in text and "is a 5,000-digit subset" not in text and "all 60,000 digits" in text
     install = text.split("## Install")[1].split("\n## ")[0]
     assert "apt-get install chromium" in install and "never `playwright install`" in install
+
+
+# ---------------------------------------------------------------- the writer rule: bench's tables and plots too
+@pytest.mark.slow                  # three comparisons (the speed of each sampler timed)
+def test_bench_refuses_a_users_file_in_out_dir_before_measuring(ck, tmp_path, mnist_root):
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "compare.md").write_text("my notes")
+    args = ("imagegen-bench", "mode=compare", f"checkpoints=[{ck}]", "max_images=4", f"out_dir={out}",
+            f"eval_data.root={mnist_root}", "threads=1")
+    one_line_error(call(*args), f"{out / 'compare.md'} exists, and imagegen did not write it")
+    assert (out / "compare.md").read_text() == "my notes" and not (out / "compare.json").exists()
+    assert call(*args, "overwrite=true").returncode == 0
+    assert call(*args).returncode == 0                           # its own tables: replaced without asking
+    assert "my notes" not in (out / "compare.md").read_text()

@@ -35,7 +35,7 @@ import torch
 from .. import plots
 from ..data.sets import dataset_info, load_from_config
 from ..errors import UserError
-from ..files import write_bytes
+from ..files import write_bytes, write_owned
 from ..paths import data_dir
 from ..sampling.decode import fill_recompute
 from ..store import checkpoint
@@ -459,6 +459,6 @@ def run(c, evaluate):
                "curves": {a: {"minutes": m, "val_bits_per_dim": v} for a, (m, v) in curves.items()}}
     write_outputs(out, name, payload, md)
     png = out / f"{name}.png"
-    write_bytes(png, plot_png(rows, curves, f"{c['data']['name']}, {c['arch_name']}"), "plot")
+    write_owned(png, plot_png(rows, curves, f"{c['data']['name']}, {c['arch_name']}"), "plot", True)     # recorded
     print(f"wrote {png}")
     return payload, md

@@ -54,12 +54,27 @@ def evaluator(c, device):
     return evaluated
 
 
+def check_outputs(c, out):
+    """Refuse, before anything is measured, a file in out_dir under the name of one this mode writes that imagegen
+    did not write there (or that changed since), unless overwrite=true (files.check_owned)."""
+    from ..benchmarks.report import outputs
+    from ..files import check_owned
+
+    data, arch = c["data"]["name"], c["arch_name"]
+    names = {"sampling": [f"sampling-{data}-{arch}"], "browser": [f"browser-{data}-{arch}"], "compare": ["compare"],
+             "attention": ["attention"], "train_step": ["train_step"], "paper": [f"paper-{data}"]}.get(c["mode"], [])
+    plots = {"sampling": [f"sampling-{data}-{arch}-latency.png"], "paper": [f"paper-{data}.png"]}.get(c["mode"], [])
+    check_owned([p for name in names for p in outputs(out, name)] + [out / p for p in plots], "table",
+                c.get("overwrite", False))
+
+
 def task(c, device):
     if c["mode"] == "probes":
         return probes(c.get("clear", False))
     from ..benchmarks.progress import apply_quick
     c = apply_quick(c)                     # quick=true: about a minute on 2 cores
     out = Path(c["out_dir"])
+    check_outputs(c, out)
     info = dataset_info(c["data"])
     from ..benchmarks import report
     if c["mode"] == "sampling":

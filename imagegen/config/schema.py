@@ -282,6 +282,8 @@ class BenchConfig:
     mode: str = opt("sampling", "attention, train_step, sampling, compare, browser, paper or probes (the cached "
                                 "speed verdicts of the auto settings and why each is trusted)")
     clear: bool = opt(False, "probes: remove the cached verdicts (each is timed again when next needed)")
+    overwrite: bool = opt(False, "replace a table, JSON or plot in out_dir that imagegen did not write there or that "
+                                 "changed since (refused before anything is measured without it)")
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
     arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")

@@ -18,7 +18,7 @@ from ..bits_per_dim import LN2, bits_per_dim
 from ..config import check_train
 from ..data.sets import dataset_info, load_from_config
 from ..dtypes import autocast
-from ..errors import UserError
+from ..errors import UserError, printable
 from ..lock import folder_lock
 from ..memory import check_forward_fits
 from ..model.transformer import build_model
@@ -143,7 +143,7 @@ class Trainer:
 
     def say(self, text):
         if self.world.main:
-            tqdm.write(text)
+            tqdm.write(printable(text))        # a run_dir or file name escaped, as say.show does
 
     def resume(self):
         with advice(f"start over with train.resume=false train.overwrite=true (the run's files move into "

@@ -49,7 +49,7 @@ def evaluator(c, device):
     def evaluated(path):
         eval_cfg = {"checkpoint": str(path), "split": c["split"] if c["mode"] == "compare" else "test",
                     "batch_size": 32, "max_images": c["max_images"], "lsh_draws": 1, "lsh_seed": 0, "progress": True,
-                    "data": c["eval_data"]}
+                    "data": c["eval_data"], "overwrite": c.get("overwrite", False)}
         return evaluate(eval_cfg, device)
     return evaluated
 

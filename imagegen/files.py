@@ -11,6 +11,7 @@ the RuntimeError of torch's zip writer (a full disk seen from torch.save) alike.
   write_bytes(path, data, what)        data: bytes
   write_with(path, writer, what)       writer(f) writes into the binary file object f
   write_owned(path, data, what, overwrite)    write_bytes, refused over a file imagegen did not write there
+  check_owned(paths, what, overwrite)  write_owned's refusal for several files, checked before any is written
   image_format(path, mode)             the Pillow format path's suffix names; encode_image(image, fmt): its bytes
   write_folder(out, files, what, overwrite)   a folder of files, built beside `out` and swapped in
   write_error(path, e, kept, what)     the UserError for a failed write (also for folders: export)
@@ -213,6 +214,15 @@ def check_replaceable(out, files, what, overwrite, record=MANIFEST):
     return owned
 
 
+def check_owned(paths, what="file", overwrite=False):
+    """Refuse (UserError, nothing written) as write_owned would, for each of `paths`, before any is written:
+    a command writing several files (convert's OUT.safetensors and OUT.json) writes all of them or none."""
+    for path in map(Path, paths):
+        check_target(path, what)
+        if path.parent.is_dir():
+            check_replaceable(path.parent, {path.name: None}, what, overwrite, OUTPUTS)
+
+
 def write_owned(path, data, what="file", overwrite=False, fix=FIX):
     """write_bytes(path, data), refused as check_replaceable refuses (unless `overwrite`); the file's
     name and SHA-256 are then recorded in OUTPUTS in its folder, so that the same command again
@@ -237,7 +247,8 @@ def write_owned(path, data, what="file", overwrite=False, fix=FIX):
 def folder_turn(folder):
     """Writers into one folder take turns: an flock on the folder itself (no file added to it), held while
     write_owned reads and rewrites the folder's record, so that two samplers writing there at once both
-    stay recorded. A folder that does not exist yet (write_bytes creates it), cannot be opened or locked: no turn."""
+    stay recorded, and write_folder (on the folder that holds its `out`, which it replaces whole) reads, swaps in
+    and records. A folder that does not exist yet (write_bytes creates it), cannot be opened or locked: no turn."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -292,6 +303,12 @@ def write_folder(out, files, what="site", overwrite=False, fix=FIX):
     longer writes are removed. Refuses what `check_replaceable` refuses. A failure while building
     leaves `out` as it was (one UserError sentence). Returns {name: bytes written}."""
     out = Path(out)
+    with folder_turn(out.parent):        # writers of one folder take turns: each reads the record the last one left
+        return swap_folder(out, files, what, overwrite, fix)
+
+
+def swap_folder(out, files, what, overwrite, fix):
+    """write_folder's work, in its turn."""
     if os.path.lexists(out) and not out.is_dir():
         raise UserError(f"out {out} is a file, not a folder; choose another out=... (nothing was written).")
     owned = check_replaceable(out, files, what, overwrite) if out.is_dir() else {}

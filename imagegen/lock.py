@@ -42,10 +42,11 @@ def exclusive(path, busy):
 
 
 @contextmanager
-def folder_lock(folder, what="run_dir", name=".lock", created=False):
+def folder_lock(folder, what="run_dir", name=".lock", created=False, scratch=()):
     """Hold `folder`/`name` for the body; a second holder gets a UserError naming the first.
     created: this process made `folder` for the body, and removes it again (still holding the lock)
-    when the body leaves nothing in it but the lock (a run that failed before writing anything)."""
+    when the body leaves nothing in it but the lock and the `scratch` entries (a run that failed before
+    writing anything but its config record .hydra)."""
     def refuse(owner):
         who = f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}, since {owner.get('started', '?')}"
         raise UserError(f"{what} {folder} is in use by another imagegen process ({who}); wait for it to "
@@ -56,14 +57,19 @@ def folder_lock(folder, what="run_dir", name=".lock", created=False):
             yield path
         finally:
             if created:
-                remove_if_only(folder, name)
+                remove_if_only(folder, name, scratch)
 
 
-def remove_if_only(folder, name):
-    """Remove `folder` when it holds nothing but the file `name` (best effort: anything else that
-    appears there meanwhile keeps it)."""
+def remove_if_only(folder, name, scratch=()):
+    """Remove `folder` when it holds nothing but the file `name` and entries named in `scratch` (best
+    effort: anything else that appears there meanwhile keeps it)."""
+    import shutil
+
     try:
-        if os.listdir(folder) == [name]:
+        held = set(os.listdir(folder))
+        if name in held and held - {name} <= set(scratch):
+            for entry in held - {name}:
+                shutil.rmtree(folder / entry) if (folder / entry).is_dir() else os.unlink(folder / entry)
             os.unlink(folder / name)
             os.rmdir(folder)
     except OSError:

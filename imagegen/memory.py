@@ -136,6 +136,15 @@ def check_request_fits(cfg, info, key="num_images", label_rows=0):
     if need <= free:
         return
     fits = max(0, int(images * free / need))
+    if fits < max(1, label_rows) and cfg["scale"] > 1:  # not one image (one row each) at this scale: name the scale
+        low, high = 1, cfg["scale"]
+        while low < high:                               # the largest scale at which the request fits
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if output_bytes(info, images, tiles, nrow, mid, prefix) <= free else (low, mid - 1)
+        if output_bytes(info, images, tiles, nrow, low, prefix) <= free:
+            raise UserError(f"{asked} at scale={cfg['scale']:,} would need about {need / 2**30:.1f} GiB for the "
+                            f"grid, more than the {free / 2**30:.1f} GiB of free memory; lower the scale (at most "
+                            f"about scale={low:,} fits).")
     if cfg["mode"] == "complete":
         hint = (f"at most about {fits:,} completions fit, e.g. num_originals={max(1, fits // k):,} with "
                 f"completions={k}" if fits >= k else f"at most about {fits:,} completions fit")

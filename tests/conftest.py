@@ -51,6 +51,7 @@ def probes_on(monkeypatch, tmp_path):
     monkeypatch.delenv("IMAGEGEN_PROBE", raising=False)
     monkeypatch.delenv("IMAGEGEN_PRECISION_PROBE", raising=False)
     monkeypatch.setattr("imagegen.tuning.probe._verdicts", {})
+    monkeypatch.setattr("imagegen.tuning.probe.load_now", lambda: 0.0)    # an idle machine, unless a test says
     yield tmp_path / "cache" / "imagegen" / "probes.json"
 
 

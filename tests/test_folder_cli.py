@@ -63,7 +63,7 @@ def test_prepare_errors_are_one_sentence(tmp_path):
                            "images does not exist; point data.root at a folder of images"),
                           (["prepare", f"data.root={tmp_path}", "data.channels=2"], "data.channels must be 1"),
                           (["bake"], "needs a verb"),
-                          (["prepare", f"data.root={tmp_path}", "threads=-1"], "takes no threads="),
+                          (["prepare", f"data.root={tmp_path}", "threads=-1"], "threads must be >= 0"),
                           (["prepare", f"data.root={loose}", "data.image_size=8", "progress=false"],
                            f"the train split of {loose} is empty (1 image in all); add images")):
         proc = call("imagegen-data", *args)

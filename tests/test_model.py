@@ -63,23 +63,23 @@ def test_context_is_checked_and_grows_from_a_model_with_fewer_distances(tmp_path
     for bad in ([1], [2, 2], [0, 3]):
         with pytest.raises(UserError, match="context must list distinct sub-pixel distances >= 2"):
             check_model({**asdict(ModelConfig()), "context": bad})
-    plain = tiny_model("linear", length=16, channels=1, width=4)
+    plain = tiny_model("linear", length=784, channels=1, width=28)
     cfg = {"model": {**asdict(ModelConfig()), "n_layers": 1, "d_model": 16, "n_heads": 2, "d_ff": 32},
            "data": {"name": "mnist"}}
     path = tmp_path / "plain.pt"
     torch.save({"format": checkpoint.FORMAT, "config": cfg, "model": plain.state_dict()}, path)
     grown = {**cfg, "model": {**cfg["model"], "context": [2, 4]}}
     weights = checkpoint.initial_weights(str(path), grown)
-    model = tiny_model("linear", length=16, channels=1, width=4, context=(2, 4))
+    model = tiny_model("linear", length=784, channels=1, width=28, context=(2, 4))
     model.load_state_dict(weights)
     assert all(not emb.weight.any() for emb in model.ctx)
-    x = torch.randint(0, 256, (2, 16), dtype=torch.uint8)
+    x = torch.randint(0, 256, (2, 784), dtype=torch.uint8)
     torch.testing.assert_close(model(x), plain(x))
     for emb in model.ctx:
         torch.nn.init.normal_(emb.weight)
     torch.save({"format": checkpoint.FORMAT, "config": grown, "model": model.state_dict()}, tmp_path / "grown.pt")
     more = {**cfg, "model": {**cfg["model"], "context": [4, 3, 2]}}      # another order, one new distance
-    wider = tiny_model("linear", length=16, channels=1, width=4, context=(4, 3, 2))
+    wider = tiny_model("linear", length=784, channels=1, width=28, context=(4, 3, 2))
     wider.load_state_dict(checkpoint.initial_weights(str(tmp_path / "grown.pt"), more))
     assert not wider.ctx[1].weight.any() and wider.ctx[0].weight.equal(model.ctx[1].weight)
     torch.testing.assert_close(wider(x), model(x))

@@ -40,7 +40,7 @@ def test_save_each_never_replaces_a_users_file_in_its_folder(ck, tmp_path):
 
 
 def test_out_never_replaces_a_file_imagegen_did_not_write(ck, tmp_path):
-    essay = tmp_path / "essay.txt"
+    essay = tmp_path / "essay.webp"            # an essay under an image suffix: the user's file
     essay.write_text("my essay")
     one_line_error(sample(ck, essay), f"{essay} exists, and imagegen did not write it (or it changed since); pass "
                                       f"overwrite=true to replace it")
@@ -120,3 +120,48 @@ def test_two_writers_into_one_folder_both_stay_recorded(tmp_path, monkeypatch):
     for w in writers:
         w.join()
     assert sorted(files.written_before(tmp_path, files.OUTPUTS)) == ["a.png", "b.png"]
+
+
+def test_two_folder_writers_at_once_leave_a_record_that_holds_every_file(tmp_path, monkeypatch):
+    """issue 54 row 8: two `imagegen-sample save_each=true` into one folder at once (8 and 4 images): the second
+    read the record before the first swapped its folder in, so its record left out 4 of the first's files, and the
+    next run refused imagegen's own files. The read is slowed and the second writer started a little later, so
+    that the two would overlap every time."""
+    import threading
+    import time
+
+    from imagegen import files
+
+    real = files.written_before
+
+    def slow(*args):
+        kept = real(*args)
+        time.sleep(0.3)
+        return kept
+
+    out = tmp_path / "cc"
+    files.write_folder(out, {f"{i:04d}.png": b"earlier %d" % i for i in range(8)}, "samples")   # an earlier run's
+    monkeypatch.setattr(files, "written_before", slow)
+    eight = {f"{i:04d}.png": b"first %d" % i for i in range(8)}
+    four = {f"{i:04d}.png": b"second %d" % i for i in range(4)}
+    errors = []
+
+    def write(batch):
+        try:
+            files.write_folder(out, batch, "samples")
+        except Exception as e:                  # imagegen's own files refused as the user's
+            errors.append(e)
+
+    first = threading.Thread(target=write, args=(eight,))
+    second = threading.Thread(target=write, args=(four,))
+    first.start()
+    time.sleep(0.1)
+    second.start()
+    for w in (first, second):
+        w.join()
+    monkeypatch.setattr(files, "written_before", real)
+    assert errors == []
+    recorded = files.written_before(out)
+    assert sorted(recorded) == sorted(p.name for p in out.iterdir() if p.name != files.MANIFEST)
+    assert all(files.sha256(out / name) == digest for name, digest in recorded.items())
+    files.write_folder(out, eight, "samples")                     # its own files: replaced without asking

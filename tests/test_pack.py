@@ -137,6 +137,47 @@ def test_unpack_never_overwrites_a_run(runs, tmp_path):
     assert loaded(target)["state"]["step"] == STEPS // 2
 
 
+def test_a_refused_unpack_leaves_nothing_in_the_users_folder(runs, tmp_path):
+    """issue 54 row 12: the refusal said "nothing was written" but left the run dir's .lock there."""
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "last.pt").write_text("my own file")
+    one_line_error(call("imagegen-run", "unpack", f"pack={runs / 'pack'}", f"run_dir={target}"),
+                   "(nothing was written)")
+    assert sorted(p.name for p in target.iterdir()) == ["last.pt"]
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_an_interrupted_unpack_leaves_nothing_or_what_was_there(runs, tmp_path, monkeypatch, existing):
+    """issue 54 row 7: Ctrl-C during unpack left .hydra and best.pt without last.pt, and the next imagegen-train
+    started over from step 0."""
+    from imagegen.training import travel
+
+    target = tmp_path / "run"
+    if existing:
+        shutil.copytree(runs / "ref", target)
+    before = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} if existing else None
+    real, calls = travel.write_bytes, []
+
+    def interrupted_at_the_second_file(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(travel, "write_bytes", interrupted_at_the_second_file)
+    with pytest.raises(KeyboardInterrupt):
+        travel.unpack_run(runs / "pack", target, overwrite=True, say=lambda line: None)
+    if existing:
+        assert {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+    else:
+        assert not target.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["run"] if existing else [])      # no staging folder
+    monkeypatch.setattr(travel, "write_bytes", real)
+    assert travel.unpack_run(runs / "pack", target, overwrite=True, say=lambda line: None) == STEPS // 2
+    assert loaded(target)["state"]["step"] == STEPS // 2 and (target / ".hydra").is_dir()
+
+
 def test_a_pack_cannot_write_outside_its_run_dir(tmp_path):
     """The manifest's checksum is no signature: a made-up pack with consistent digests is still refused when
     it names a path outside the run folder."""

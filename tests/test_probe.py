@@ -3,6 +3,7 @@ margin), the per-machine cache (reused; timed again when torch or the thread cou
 or unreadable file ignored with a line), the rules when probes are off, and the two users: bfloat16
 for `auto` precisions and the CPU kernel for impl=auto."""
 import json
+import time
 
 import pytest
 import torch
@@ -57,6 +58,48 @@ def test_cache_is_reused_across_processes(probes_on):
     entries = json.loads(probes_on.read_text())["entries"]
     (entry,) = entries.values()
     assert entry["threads"] == torch.get_num_threads() and entry["torch"] == torch.__version__
+
+
+def test_a_verdict_timed_on_a_busy_machine_old_or_marginal_is_timed_again(probes_on, monkeypatch):
+    """issue 54 row 16: a bfloat16 probe timed 0.97x while other jobs ran was reused for good; now each verdict
+    records the load, and one taken on a busy machine, an old one, a marginal one a day old and one of an older
+    cache without a load are timed again; imagegen-bench mode=probes shows them with the reason and clears them."""
+    from commands import call
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(probe, "load_now", lambda: threads + 2.0)          # two other cores' worth of work
+    probe.decide("busy", Timer(10.0, 10.3))
+    entries = json.loads(probes_on.read_text())["entries"]
+    assert next(iter(entries.values()))["load"] == threads + 2.0
+    forget()
+    timer = Timer(10.0, 5.0)
+    assert probe.decide("busy", timer).source == "cached" and timer.calls == 0    # still busy: as good as any
+    forget()
+    monkeypatch.setattr(probe, "load_now", lambda: float(threads))          # idle now: timed again
+    again = probe.decide("busy", timer)
+    assert again.source == "measured" and again.chosen and timer.calls == 1
+    forget()
+    assert probe.decide("busy", timer).source == "cached" and timer.calls == 1   # an idle verdict is trusted
+    def stamp(days_ago):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - days_ago * 86400))
+
+    fresh = {"baseline_ms": 10.0, "candidate_ms": 5.0, "threads": 1, "margin": 1.15, "load": 1.0, "when": stamp(0)}
+    marginal = {**fresh, "baseline_ms": 11.6, "candidate_ms": 10.0}
+    assert probe.stale(fresh, load=0.0) is None and probe.stale(marginal, load=0.0) is None
+    assert "days old" in probe.stale({**fresh, "when": stamp(40)}, load=0.0)
+    assert "marginal (1.16x against the 1.15x asked)" in probe.stale({**marginal, "when": stamp(2)}, load=0.0)
+    assert "not recorded" in probe.stale({k: v for k, v in fresh.items() if k != "load"}, load=0.0)
+    assert "other processes used 2.5 cores" in probe.stale({**fresh, "load": 3.5}, load=0.0)
+    assert probe.stale({**fresh, "load": 3.5}, load=3.0) is None
+    data = json.loads(probes_on.read_text())
+    (entry,) = data["entries"].values()
+    entry["when"] = stamp(40)
+    probes_on.write_text(json.dumps(data))
+    shown = call("imagegen-bench", "mode=probes", "threads=1")
+    assert shown.returncode == 0 and "busy: 2.00x, chosen" in shown.stdout
+    assert "timed again when next needed: it is 40 days old" in shown.stdout
+    assert call("imagegen-bench", "mode=probes", "clear=true", "threads=1").returncode == 0
+    assert not probes_on.exists() and "no cached probe verdicts" in call("imagegen-bench", "mode=probes").stdout
 
 
 def test_cache_is_timed_again_for_another_torch_or_thread_count(probes_on, monkeypatch):

@@ -27,10 +27,11 @@ def test_required_options_show_as_required_with_an_example():
     assert "  out: str, required (e.g. out=checkpoints/my-model)\n" in out
 
 
-@pytest.mark.parametrize("cmd", [["imagegen-data", "prepare"], ["imagegen-plot"]])
-@pytest.mark.parametrize("key", ["threads=1", "device=cpu"])
+@pytest.mark.parametrize("cmd, key", [(["imagegen-data", "prepare"], "device=cpu"), (["imagegen-plot"], "threads=1"),
+                                      (["imagegen-plot"], "device=cpu")])
 def test_commands_without_a_model_refuse_device_and_threads(cmd, key):
-    """imagegen-data prepare listed device and threads as "unused", and took them silently."""
+    """imagegen-data prepare listed device and threads as "unused", and took them silently (its threads= now sets
+    its converting processes, issue 54)."""
     one_line_error(call(*cmd, key), f"{' '.join(cmd)} takes no {key.split('=')[0]}=...: it runs no model")
 
 

@@ -35,7 +35,7 @@ import torch
 from .. import plots
 from ..data.sets import dataset_info, load_from_config
 from ..errors import UserError
-from ..files import write_bytes
+from ..files import write_bytes, write_owned
 from ..paths import data_dir
 from ..sampling.decode import fill_recompute
 from ..store import checkpoint
@@ -93,9 +93,10 @@ def budget(c):
 
 
 def slots(c):
-    """Training processes at once: one per CPU core this process may use, at most `jobs`."""
+    """Training processes at once (each of one thread): one per CPU core this process may use, at most `jobs` and
+    at most `threads` (the cores the command was given: threads=1 keeps the whole comparison on one core)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, c["jobs"] or cores))
+    return max(1, min(cores, c["jobs"] or cores, c.get("threads") or cores))
 
 
 def hydra_value(v):
@@ -458,6 +459,6 @@ def run(c, evaluate):
                "curves": {a: {"minutes": m, "val_bits_per_dim": v} for a, (m, v) in curves.items()}}
     write_outputs(out, name, payload, md)
     png = out / f"{name}.png"
-    write_bytes(png, plot_png(rows, curves, f"{c['data']['name']}, {c['arch_name']}"), "plot")
+    write_owned(png, plot_png(rows, curves, f"{c['data']['name']}, {c['arch_name']}"), "plot", True)     # recorded
     print(f"wrote {png}")
     return payload, md

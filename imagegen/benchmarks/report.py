@@ -25,15 +25,21 @@ def markdown_table(rows, columns):
     return "\n".join(lines)
 
 
+def outputs(out_dir, name):
+    """The two files write_outputs writes: out_dir/name.json and .md."""
+    return [Path(out_dir) / f"{name}{suffix}" for suffix in (".json", ".md")]
+
+
 def write_outputs(out_dir, name, payload, markdown, quiet=False):
-    """out_dir/name.json and .md, each through a temporary file and a rename (a run stopped while
-    writing leaves the previous rows); quiet: without printing the table."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for suffix, text in ((".json", json.dumps(payload, indent=2) + "\n"), (".md", markdown + "\n")):
-        tmp = out / f".{name}{suffix}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out / f"{name}{suffix}")
+    """out_dir/name.json and .md, each through files.write_owned (a temporary file and a rename: a run stopped
+    while writing leaves the previous rows; recorded as imagegen's, so that the next run replaces them without
+    asking; imagegen-bench refuses a user's file there before it measures, `check_outputs`); quiet: without
+    printing the table."""
+    from ..files import write_owned
+
+    json_path, md_path = outputs(out_dir, name)
+    for path, text in ((json_path, json.dumps(payload, indent=2) + "\n"), (md_path, markdown + "\n")):
+        write_owned(path, text.encode(), "table", overwrite=True)
     if not quiet:
         print(markdown)
-        print(f"\nwrote {out / (name + '.json')} and {out / (name + '.md')}")
+        print(f"\nwrote {json_path} and {md_path}")

@@ -7,6 +7,8 @@ mode=compare     the paper's table for trained checkpoints
 mode=browser     the exported page's JavaScript step in headless Chromium beside Python's step
 mode=paper       the paper's comparison: train every attention alike, then bits/dim and speed (docs/paper.md)
 mode=speedrun    a recipe's CPU time to a validation target, into the record table (docs/speedrun.md)
+mode=probes      the cached speed verdicts of the `auto` settings, each with why it is trusted or timed again
+                 (clear=true: remove them)
 """
 from pathlib import Path
 
@@ -14,7 +16,31 @@ from .cli import hydra_entry
 from ..data.sets import dataset_info
 from ..errors import UserError
 
-MODES = ("attention", "train_step", "sampling", "compare", "browser", "paper", "speedrun")
+MODES = ("attention", "train_step", "sampling", "compare", "browser", "paper", "speedrun", "probes")
+
+
+def probes(clear):
+    """mode=probes: print the cached verdicts (tuning.probe.listing), or remove them (clear)."""
+    from ..say import show
+    from ..tuning import probe
+
+    path = probe.cache_path()
+    if clear:
+        show(f"removed {probe.clear()} cached probe verdict(s) from {path}; each is timed again when next needed")
+        return
+    rows = probe.listing()
+    if not rows:
+        show(f"no cached probe verdicts in {path}")
+        return
+    show(f"{len(rows)} cached probe verdict(s) in {path} (ratio: baseline time / candidate time; the candidate is "
+         f"chosen from its margin):", wrap=True)
+    for key, e, why in rows:
+        load = "?" if probe.others(e.get("load"), e.get("threads", 1)) is None else \
+            f"{probe.others(e['load'], e.get('threads', 1)):.1f}"
+        show(f"  {key.partition('/')[2]}: {e['baseline_ms'] / e['candidate_ms']:.2f}x, "
+             f"{'chosen' if e.get('chosen') else 'not chosen'}, {e.get('threads', '?')} thread(s), timed "
+             f"{e.get('when', '?')} with other load {load}; " + (f"timed again when next needed: {why}" if why
+                                                                  else "trusted"))
 
 
 def evaluator(c, device):
@@ -24,15 +50,32 @@ def evaluator(c, device):
     def evaluated(path):
         eval_cfg = {"checkpoint": str(path), "split": c["split"] if c["mode"] == "compare" else "test",
                     "batch_size": 32, "max_images": c["max_images"], "lsh_draws": 1, "lsh_seed": 0, "progress": True,
-                    "data": c["eval_data"]}
+                    "data": c["eval_data"], "overwrite": c.get("overwrite", False)}
         return evaluate(eval_cfg, device)
     return evaluated
 
 
+def check_outputs(c, out):
+    """Refuse, before anything is measured, a file in out_dir under the name of one this mode writes that imagegen
+    did not write there (or that changed since), unless overwrite=true (files.check_owned)."""
+    from ..benchmarks.report import outputs
+    from ..files import check_owned
+
+    data, arch = c["data"]["name"], c["arch_name"]
+    names = {"sampling": [f"sampling-{data}-{arch}"], "browser": [f"browser-{data}-{arch}"], "compare": ["compare"],
+             "attention": ["attention"], "train_step": ["train_step"], "paper": [f"paper-{data}"]}.get(c["mode"], [])
+    plots = {"sampling": [f"sampling-{data}-{arch}-latency.png"], "paper": [f"paper-{data}.png"]}.get(c["mode"], [])
+    check_owned([p for name in names for p in outputs(out, name)] + [out / p for p in plots], "table",
+                c.get("overwrite", False))
+
+
 def task(c, device):
+    if c["mode"] == "probes":
+        return probes(c.get("clear", False))
     from ..benchmarks.progress import apply_quick
     c = apply_quick(c)                     # quick=true: about a minute on 2 cores
     out = Path(c["out_dir"])
+    check_outputs(c, out)
     info = dataset_info(c["data"])
     from ..benchmarks import report
     if c["mode"] == "sampling":

@@ -5,7 +5,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .. import config
-from ..errors import UserError
+from ..errors import UserError, printable
 from ..paths import data_dir
 
 CONF_DIR = data_dir("conf")  # shipped inside the package by a wheel, else the source tree's
@@ -100,9 +100,13 @@ def command_name(config_name):
 
 
 def check_choices(argv, groups, config_name):
-    """Reject unknown config-group choices (model=..., data=..., preset=...), and groups this command
-    does not take, before Hydra does."""
+    """Reject an argument holding a control character (an escape code, a newline: no option takes one, and a
+    file named with one misleads every listing), unknown config-group choices (model=..., data=..., preset=...),
+    and groups this command does not take, before Hydra does."""
     for arg in argv:
+        if not arg.isprintable():
+            raise UserError(f"the argument {arg} holds a control character, which no option takes; type it "
+                            f"without.")
         key, _, value = arg.lstrip("+~").partition("=")
         if key in GROUPS and key not in groups:
             raise UserError(f"{command_name(config_name)} takes no {key}=... (the model and data come from the "
@@ -129,6 +133,7 @@ def compose(config_name, overrides):
         cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         where = str(e).strip().splitlines()[0]
+        where = "" if first in where else where.rstrip(".") + ": "       # Hydra's lexer: the same text twice
         key = getattr(cause, "full_key", None)
         attention = next((a for a, o in config.ATTENTION_OPTIONS.items() if o is getattr(cause, "object_type", None)),
                          None)
@@ -147,7 +152,7 @@ def compose(config_name, overrides):
             typed = first.split("'")[1]
             value = next((a.partition("=")[2] for a in overrides if a.lstrip("+").startswith(typed + "=")), "...")
             raise UserError(f"{typed} is already an option: set it without the + ({typed}={value}).") from None
-        raise UserError(f"{where.rstrip('.')}: {first.rstrip('.')}; {command_name(config_name)} --help lists "
+        raise UserError(f"{where}{first.rstrip('.')}; {command_name(config_name)} --help lists "
                         f"every option and its type.") from None
 
 
@@ -306,7 +311,7 @@ def hydra_entry(config_name, task):
             except KeyboardInterrupt:
                 interrupted()
             except OSError as e:             # disk full, read-only folder, ...: what failed, in one line
-                where = f" ({e.filename})" if e.filename else ""
+                where = f" ({printable(e.filename)})" if e.filename else ""
                 sys.exit(f"error: {e.strerror or e}{where}; free space or fix the folder's permissions, "
                          f"then run the same command again.")
         run()

@@ -19,6 +19,7 @@ from .cli import hydra_entry
 from ..config import check_sampling
 from ..data.sets import load_from_config
 from ..errors import UserError
+from ..say import show
 from ..bits_per_dim import bits_per_dim
 from ..ops.dense import int8_product, int8_weights
 from ..ops.int8 import can_int8
@@ -33,6 +34,7 @@ def convert(cfg, device):
         raise UserError(f"check_images must be >= 0 (0: skip the check), got {cfg['check_images']}.")
     check_sampling(guidance=cfg["guidance"])          # the default every later sample takes
     precision = shipped.check_precision(cfg.get("precision", "float32"))
+    shipped.check_writable(cfg["out"], cfg.get("overwrite", False))     # before the check's minutes, not after
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path)
@@ -62,17 +64,17 @@ def convert(cfg, device):
         labels = y if again.num_classes else None
         bpd = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"], labels=labels)
         record["test_check"] = {"images": len(x), "bits_per_dim": bpd, "labels": bool(again.num_classes)}
-        print(f"bits/dim of the first {len(x)} test images: {bpd:.4f} (recorded)")
+        show(f"bits/dim of the first {len(x)} test images: {bpd:.4f} (recorded)")
         if device.type == "cpu" and can_int8() is None:   # what sampling's precision=auto weighs (precision.int8_cost)
             with int8_weights(again):
                 int8 = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"], labels=labels)
                 product = int8_product(again)             # read from the weights the check ran
             record["int8_check"] = {"images": len(x), "float32": bpd, "int8": int8, "product": product}
-            print(f"with int8 products: {int8:.4f} ({int8 - bpd:+.4f}, recorded)")
+            show(f"with int8 products: {int8:.4f} ({int8 - bpd:+.4f}, recorded)")
     if not cfg.get("keep_root", True):
         config["data"]["root"] = None           # a model to ship: the loading machine's data/<name>
-    weights, meta = shipped.write(cfg["out"], config, blob, record)
-    print(f"wrote {weights} and {meta}")
+    weights, meta = shipped.write(cfg["out"], config, blob, record, cfg.get("overwrite", False))
+    show(f"wrote {weights} and {meta}")
     return record
 
 

@@ -14,7 +14,8 @@ from ..training import distributed
 from .cli import hydra_entry
 from ..config import check_eval
 from ..data.sets import load_from_config
-from ..files import write_bytes
+from ..files import check_owned, write_owned
+from ..say import show
 from ..dtypes import autocast, dtype_name
 from ..model.transformer import model_dims
 from ..precision import decide_precision, slow_bf16_note
@@ -35,6 +36,9 @@ def evaluate(cfg, device):
 def evaluate_on(cfg, device, world):
     check_eval(cfg)
     path = shipped.resolve(cfg["checkpoint"])
+    out = checkpoint.eval_json(path, cfg["split"])
+    if world.main:                         # a user's file there: refused before the minutes of scoring
+        check_owned([out], "result", cfg.get("overwrite", False))
     ck = checkpoint.load(path)
     model = checkpoint.model_from_checkpoint(ck, path).to(device)
     ((x, y),) = load_from_config(ck["config"]["data"], (cfg["split"],), cfg["data"], labels=True)
@@ -45,7 +49,7 @@ def evaluate_on(cfg, device, world):
     draws = cfg["lsh_draws"] if lsh else 1
     dtype = decide_precision(cfg.get("precision", "float32"), device, dims=model_dims(model)).value  # auto: measured
     if world.main and (note := slow_bf16_note(dtype, device)):
-        print(note)
+        show(note)
     start = time.perf_counter()
     nats = []
     for draw in range(draws):   # LSH: average the NLL over seeded hash draws
@@ -63,12 +67,11 @@ def evaluate_on(cfg, device, world):
               "checkpoint_mtime": path.stat().st_mtime, "seconds": time.perf_counter() - start}
     if not world.main:
         return result
-    out = checkpoint.eval_json(path, cfg["split"])
-    write_bytes(out, (json.dumps(result, indent=2) + "\n").encode(), "result")
+    write_owned(out, (json.dumps(result, indent=2) + "\n").encode(), "result", cfg.get("overwrite", False))
     given = "" if not model.num_classes else (", each given its label" if labels is not None else ", without labels")
-    print(f"{len(x)} {cfg['split']} images{given}, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
+    show(f"{len(x)} {cfg['split']} images{given}, {draws} draw(s), {dtype_name(dtype)}, {result['seconds']:.1f} s; "
           f"wrote {out}")
-    print(f"bits/dim: {bpd:.4f}")
+    show(f"bits/dim: {bpd:.4f}")
     return result
 
 

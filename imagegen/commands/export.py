@@ -3,6 +3,7 @@ in JavaScript (Hydra app; see conf/export.yaml; the site's files: imagegen/web/s
 from ..config import check_sampling
 from ..data.sets import load_from_config
 from ..errors import UserError
+from ..say import show
 from ..store import checkpoint, shipped
 from ..web.site import page_config, write_site
 from .cli import hydra_entry
@@ -16,7 +17,7 @@ def test_images(ck, count, overrides):
     try:
         ((images, labels),) = load_from_config(ck["config"]["data"], ("test",), overrides, labels=True)
     except UserError as e:
-        print(f"note: no test images included for the completion mode ({e}); drawing still works.")
+        show(f"note: no test images included for the completion mode ({e}); drawing still works.")
         return None
     return images[:count], labels[:count]
 
@@ -41,7 +42,7 @@ def export(cfg):
 
 def run_export(cfg, device):
     sizes = export(cfg)
-    print(f"wrote {len(sizes)} files ({sum(sizes.values()) / 2 ** 20:.1f} MiB) to {cfg['out']}; serve it with "
+    show(f"wrote {len(sizes)} files ({sum(sizes.values()) / 2 ** 20:.1f} MiB) to {cfg['out']}; serve it with "
           f"`python -m http.server -d {cfg['out']} 8000` and open http://127.0.0.1:8000/")
 
 

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..data import imagecache, source
 from .cli import hydra_entry, interrupted
-from ..errors import UserError
+from ..errors import UserError, printable
+from ..say import show
 from ..files import check_target, encode_image, image_format, write_owned
 
 VERBS = ("prepare",)
@@ -18,6 +19,7 @@ VERBS = ("prepare",)
 
 def class_table(names, labels_by_split):
     """Rows 'class  train  val  test' with each class's count per split."""
+    names = [printable(n) for n in names]           # escaped before the columns are measured
     width = max([len("class")] + [len(n) for n in names])
     splits = list(labels_by_split)
     rows = [f"  {'class':<{width}}" + "".join(f"{s:>9}" for s in splits)]
@@ -32,7 +34,7 @@ def folder_report(d, cfg):
     cache, why = source.open_cache(d, progress=cfg["progress"], check_only=cfg["check"])
     where = source.cache_dir(d)
     if cfg["check"] and cache is None:
-        print(f"the cache {where} of {d['root']} is out of date: {why}; run imagegen-data prepare without check=true "
+        show(f"the cache {where} of {d['root']} is out of date: {why}; run imagegen-data prepare without check=true "
               f"(or train) to build it")
         sys.exit(1)
     s = source.settings(d)
@@ -79,7 +81,10 @@ def standard_report(d):
 
 
 def prepare(cfg, device):
-    d = cfg["data"]
+    from ..config import check_threads
+
+    check_threads(cfg.get("threads", 0))
+    d = {**cfg["data"], "workers": cfg["data"].get("workers") or cfg.get("threads", 0)}
     if cfg["grid_images"] < 0 or cfg["nrow"] < 1 or cfg["scale"] < 1:
         raise UserError("grid_images must be >= 0, nrow and scale >= 1.")
     if cfg["grid"]:
@@ -92,11 +97,11 @@ def prepare(cfg, device):
                         f"official files each run.")
     else:
         lines, train, shape, default_grid = standard_report(d)
-    print("\n".join(lines))
+    show(*lines)
     if cfg["check"] or not cfg["grid_images"]:
         return
     if train is None:
-        print(f"grid of training images as the model sees them: {default_grid}")
+        show(f"grid of training images as the model sees them: {default_grid}")
         return
     from ..sampling.decode import grid
     n = min(cfg["grid_images"], len(train))
@@ -106,7 +111,7 @@ def prepare(cfg, device):
     picture = grid(images, nrow=cfg["nrow"], scale=cfg["scale"])
     ours = d["name"] == "folder" and not cfg["grid"]       # grid.png inside the cache folder imagegen built
     write_owned(out, encode_image(picture, image_format(out, picture.mode)), "grid", cfg["overwrite"] or ours)
-    print(f"wrote {out} ({n} training images as the model sees them)")
+    show(f"wrote {out} ({n} training images as the model sees them)")
 
 
 _main = hydra_entry("prepare", prepare)

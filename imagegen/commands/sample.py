@@ -18,7 +18,7 @@ from ..model.transformer import model_dims
 from ..precision import decide_precision, slow_bf16_note
 from ..sampling.decode import completion_rows, generate, grid, name_rows, resolve_sampler, sampler_label, to_images
 from ..sampling.threads import choose_threads
-from ..say import wrapped
+from ..say import show
 
 
 def label_rows(cfg, num_classes):
@@ -97,18 +97,18 @@ def run_sample(cfg, device):
     path = shipped.resolve(cfg["checkpoint"])
     out = Path(cfg["out"]) if cfg["out"] else default_out(path, cfg["mode"])
     check_target(out, "sample grid", f"{cfg['mode']}.png")
-    check_outputs(cfg, out)
     ck = checkpoint.load(path)
     info = dataset_info(ck["config"]["data"])
     fmt = image_format(out, "L" if info.channels == 1 else "RGB")
+    check_outputs(cfg, out)                  # after the format: overwrite=true, when advised, then works
     num_classes = ck["config"]["model"]["num_classes"]
     cfg = labels_given(cfg, num_classes, info.class_names)
     rows = label_rows(cfg, num_classes) if cfg["mode"] == "grid" else None
     check_request_fits(cfg, info, label_rows=len(rows or []))
     if rows is not None and cfg["labels"] == "auto":
-        print(wrapped(f"labels=auto: a row of nrow={cfg['nrow']} images for each of the {len(rows)} classes "
+        show(f"labels=auto: a row of nrow={cfg['nrow']} images for each of the {len(rows)} classes "
                       f"({len(rows) * cfg['nrow']} in all, not num_images); for num_images images pass label=N or "
-                      f"labels=none."))
+                      f"labels=none.", wrap=True)
     model = checkpoint.model_from_checkpoint(ck, path).to(device).eval()
     sampler = resolve_sampler(model, cfg["sampler"])
     label = sampler_label(model, sampler)
@@ -117,7 +117,7 @@ def run_sample(cfg, device):
     precision = decide_precision(cfg["precision"], device, **measured)
     dtype = precision.value
     if note := slow_bf16_note(dtype, device):
-        print(note)
+        show(note)
     guidance = cfg["guidance"] if cfg["guidance"] is not None else ck.get("record", {}).get("guidance", 1.0)
     common = dict(sampler=sampler, temperature=cfg["temperature"], seed=cfg["seed"], batch_size=batch,
                   progress=cfg["progress"], dtype=dtype, guidance=guidance)
@@ -125,7 +125,7 @@ def run_sample(cfg, device):
         check_outputs(cfg, out, n)
         if device.type == "cpu" and not cfg.get("threads") and sampler == "step":
             if line := choose_threads(model, min(batch, n), dtype)[1]:
-                print(wrapped(line))
+                show(line, wrap=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     if cfg["mode"] == "grid":
@@ -154,19 +154,19 @@ def run_sample(cfg, device):
     picture = grid(images, nrow=nrow, scale=cfg["scale"])
     write_owned(out, encode_image(name_rows(picture, names) if names else picture, fmt), "sample grid",
                 cfg["overwrite"])
-    print(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
+    show(f"wrote {out} ({len(images)} tiles, {nrow} per row)")
     if cfg["save_each"]:
         folder, names = each_names(out, len(seqs))
         each = [encode_image(grid(img[None], nrow=1, scale=cfg["scale"], pad=0), fmt) for img in to_images(seqs, info)]
         write_folder(folder, dict(zip(names, each)), "samples", cfg["overwrite"])
-        print(f"wrote {len(each)} images into {folder}")
+        show(f"wrote {len(each)} images into {folder}")
     conditioning = ""
     if model.num_classes:
         conditioning = f", labels given, guidance {guidance:g}" if labels is not None else ", no labels"
-    print(f"{len(seqs)} images in {seconds:.1f} s ({len(seqs) / seconds:.2f} images/sec): the {label} sampler, "
+    show(f"{len(seqs)} images in {seconds:.1f} s ({len(seqs) / seconds:.2f} images/sec): the {label} sampler, "
           f"batch {min(batch, len(seqs))}, {dtype_name(dtype)}{conditioning}")
     if precision.reason:
-        print(wrapped(f"precision={cfg['precision']} took {dtype_name(dtype)}: {precision.reason}"))
+        show(f"precision={cfg['precision']} took {dtype_name(dtype)}: {precision.reason}", wrap=True)
 
 
 main = hydra_entry("sample", run_sample)

@@ -79,10 +79,36 @@ def fraction(value, key, low_open=False, high_open=False):
         raise UserError(f"{key} must lie in {interval}, got {value}.")
 
 
+def finite(value, key, span):
+    """value a finite number (not bool); else one sentence naming key and its range (span, e.g. "> 0"). NaN
+    and inf slip past the comparisons of a range check (nan <= 0 is false), so every float is checked here first."""
+    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)):
+        raise UserError(f"{key} must be a finite number {span}, got {shown(value)}; pass {key}=X with X {span}.")
+
+
+# The floats of the train section, each with its range in words (checked for range in check_train)
+TRAIN_FLOATS = {"lr": "> 0", "weight_decay": ">= 0", "grad_clip": ">= 0 (0: no clipping)", "min_lr_ratio": "in [0, 1]",
+                "label_dropout": "in [0, 1]", "ema": "in [0, 1) (0: off)", "max_minutes": "> 0 (null: no time budget)",
+                "sample_minutes": ">= 0 (0: only by steps)"}
+
+
+def check_train_floats(cfg):
+    """Every float of imagegen-train's config finite (train.*, its betas, data.val_fraction), before a range check
+    or the optimizer sees it."""
+    t = cfg["train"]
+    for key, span in TRAIN_FLOATS.items():
+        if t.get(key) is not None:
+            finite(t[key], f"train.{key}", span)
+    for beta in t["betas"]:
+        finite(beta, "train.betas", "in [0, 1), two of them")
+    finite(cfg["data"]["val_fraction"], "data.val_fraction", "in (0, 1)")
+
+
 def check_model(m, memory_bytes=None, prefix="model.", length=None):
     """Sizes positive, dropout a rate, context distances below the sequence length D (`length`, when
     given), and the parameters (with gradients and Adam's two moments) within `memory_bytes` when given."""
     positive(m, ("n_layers", "d_model", "n_heads", "d_ff", "n_mixtures"), prefix)
+    finite(m["dropout"], prefix + "dropout", "in [0, 1]")
     fraction(m["dropout"], prefix + "dropout")
     if m.get("num_classes", 0) < 0:
         raise UserError(f"{prefix}num_classes must be >= 0 (0: unconditional), got {m['num_classes']}.")
@@ -109,6 +135,7 @@ def check_model(m, memory_bytes=None, prefix="model.", length=None):
 def check_train(cfg, memory_bytes=None, length=None):
     """The train, data and model sections of an imagegen-train config; length: the data's sequence length D."""
     t = cfg["train"]
+    check_train_floats(cfg)
     positive(t, ("batch_size", "lr", "max_steps", "val_every", "val_images", "save_every", "log_every",
                  "sample_images"), "train.")
     if t["max_minutes"] is not None:

@@ -192,6 +192,8 @@ class EvalConfig(CheckpointCommand):
                                     "LayerNorm, the attention's sums and the head in float32): the quantized model's "
                                     "exact bits/dim")
     labels: bool = opt(True, "class-conditional models: score each image given its label (false: without labels)")
+    overwrite: bool = opt(False, "replace a result file <checkpoint stem>.<split>.json that imagegen did not write "
+                                 "there or that changed since")
 
 
 @dataclass
@@ -278,6 +280,8 @@ class ConvertConfig:
     device: str = opt("cpu", "where the check runs")
     threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start)")
     progress: bool = opt(True, "show a progress bar")
+    overwrite: bool = opt(False, "replace OUT.safetensors or OUT.json that imagegen did not write there or that "
+                                 "changed since (never a model shipped with imagegen)")
     data: DataOverride = field(default_factory=DataOverride)
 
 
@@ -303,7 +307,11 @@ class SpeedrunOptions:
 
 @dataclass
 class BenchConfig:
-    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser, paper or speedrun")
+    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser, paper, speedrun or probes (the "
+                                "cached speed verdicts of the auto settings and why each is trusted)")
+    clear: bool = opt(False, "probes: remove the cached verdicts (each is timed again when next needed)")
+    overwrite: bool = opt(False, "replace a table, JSON or plot in out_dir that imagegen did not write there or that "
+                                 "changed since (refused before anything is measured without it)")
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
     arch_name: str = opt("paper_mnist", "label of the architecture in the tables (the preset's name)")
     device: str = opt("cpu", "cpu (or cuda where the mode supports it)")
@@ -385,6 +393,7 @@ class PrepareConfig:
     progress: bool = opt(True, "show the conversion's progress bar")
     overwrite: bool = opt(False, "replace a file at grid that imagegen did not write there (a symlink is replaced, "
                                  "never written through)")
+    threads: int = opt(0, "processes converting a folder's images when data.workers is 0 (0: one per CPU core)")
     data: DataConfig = field(default_factory=DataConfig)
 
 

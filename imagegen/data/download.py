@@ -14,6 +14,7 @@ from pathlib import Path
 from . import catalogue
 from .official import OFFICIAL, check_root, holds_other, missing_files, near_miss
 from ..errors import UserError
+from ..say import show
 
 try:
     import fcntl
@@ -150,7 +151,7 @@ def download(name, root, mirror=None, splits=("train", "test")):
     near = near_miss(name, root)                                # root one folder off: the files are there
     where = f"{root}{f' (did you mean data.root={near}?)' if near is not None else holds_other(name, root)}"
     if where != str(root):
-        print(f"note: data.root {where}: {name} is fetched into it; pass data.root=... naming the {name} "
+        show(f"note: data.root {where}: {name} is fetched into it; pass data.root=... naming the {name} "
               f"folder if that is not what you want.")
     spec = OFFICIAL[name]
     base = _base_url(spec.url, mirror)

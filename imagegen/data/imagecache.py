@@ -28,6 +28,7 @@ import numpy as np
 from . import folder
 from ..files import fsync_folder
 from ..errors import UserError
+from ..say import show
 from ..lock import exclusive
 
 CONVERSION_VERSION = 1          # raise when read_image's output changes for the same file and settings
@@ -130,6 +131,20 @@ def _open(cache_dir, manifest, settings):
                  manifest)
 
 
+def check_convert_fits(settings, workers):
+    """UserError, before any file is read, when `workers` conversions at once would not fit in 80% of the free
+    memory: each holds a decoded image, its float resize and its row, about 16 bytes per sub-pixel (a size that
+    does not fit would otherwise fail every file with MemoryError, blaming good files)."""
+    from ..tuning.machine import available_bytes
+    import torch
+
+    need, free = 16 * settings.length * workers, 0.8 * available_bytes(torch.device("cpu"))
+    if need > free:
+        raise UserError(f"converting images of {settings.height}x{settings.width}x{settings.channels} with {workers} "
+                        f"worker(s) would need about {need / 2**20:,.0f} MiB, more than the {free / 2**20:,.0f} MiB of "
+                        f"free memory; pass a smaller data.image_size (or data.height and data.width).")
+
+
 def default_workers():
     try:
         return len(os.sched_getaffinity(0))
@@ -212,10 +227,11 @@ def new_names():
     return {"images": f"images-{token}.npy", "meta": f"meta-{token}.npy"}
 
 
-def build(root, cache_dir, settings, scan, workers=0, progress=True, say=print):
+def build(root, cache_dir, settings, scan, workers=0, progress=True, say=show):
     """Convert every candidate of `scan` into a new cache in cache_dir (the caller holds its lock)."""
     root, cache_dir = Path(root), Path(cache_dir)
     workers = workers or default_workers()
+    check_convert_fits(settings, workers)
     names = new_names()
     start = time.perf_counter()
     entries = scan.entries
@@ -264,7 +280,7 @@ def _write_skipped(cache_dir, skipped):
         path.unlink(missing_ok=True)
 
 
-def ensure(root, cache_dir, settings, workers=0, progress=True, say=print, check_only=False, scan_fn=None,
+def ensure(root, cache_dir, settings, workers=0, progress=True, say=show, check_only=False, scan_fn=None,
            build_fn=None):
     """(Cache of folder `root` in cache_dir, why it was out of date or None): converted first when
     missing or out of date (one line says why). check_only: never build (Cache None when out of date).

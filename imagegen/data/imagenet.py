@@ -21,6 +21,7 @@ import numpy as np
 from . import folder, imagecache
 from .catalogue import IMAGENET_CLASSES
 from ..errors import UserError
+from ..say import show
 
 SIZES = {"imagenet32": 32, "imagenet64": 64}
 WHERE = ("get the npz files from https://image-net.org/download-images.php (Downsampled ImageNet, a free "
@@ -108,7 +109,7 @@ def read_npz(path, size):
     return labels - 1, chunks()
 
 
-def build(root, cache_dir, settings, scan, workers=0, progress=True, say=print):
+def build(root, cache_dir, settings, scan, workers=0, progress=True, say=show):
     """Convert the npz files of `scan` into a new cache in cache_dir (the caller holds its lock)."""
     from tqdm import tqdm
     root, cache_dir = Path(root), Path(cache_dir)

@@ -19,6 +19,7 @@ import numpy as np
 from . import imagecache, imagenet
 from .catalogue import DatasetInfo
 from ..errors import UserError
+from ..say import show
 
 
 class ImageRows:
@@ -66,6 +67,9 @@ class ImageRows:
 
 
 # ---------------------------------------------------------------- config
+MAX_SIDE = 1024      # pixels a side: a sequence of up to 3,145,728 sub-pixels (the shipped models read 784 and 3,072)
+
+
 def settings(d):
     """imagecache.Settings of a folder data config, every value checked (one sentence each)."""
     size, h, w = d.get("image_size"), d.get("height"), d.get("width")
@@ -77,9 +81,10 @@ def settings(d):
         raise UserError("data=folder needs the size of the images: data.image_size=S (e.g. 32), or data.height "
                         "and data.width.")
     for key, v in (("height", h), ("width", w)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise UserError(f"data.{'image_size' if size is not None else key} must be a positive whole number "
-                            f"of pixels, got {v!r}.")
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_SIDE:
+            raise UserError(f"data.{'image_size' if size is not None else key} must be a whole number of pixels "
+                            f"from 1 to {MAX_SIDE}, got {v!r}; a pixel transformer reads an image as one sequence "
+                            f"of height x width x channels bytes (32: 3,072), so pass e.g. data.image_size=32.")
     channels = d.get("channels", 3)
     if channels not in (1, 3):
         raise UserError(f"data.channels must be 1 (grey) or 3 (colour), got {channels!r}.")
@@ -105,7 +110,7 @@ def cache_dir(d):
     return home / f"{root.name}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
 
-def open_cache(d, progress=True, say=print, check_only=False):
+def open_cache(d, progress=True, say=show, check_only=False):
     """(imagecache.Cache or None, why out of date or None) of a folder (or downsampled ImageNet) data
     config; see imagecache.ensure."""
     if not d.get("root") or str(d["root"]).endswith("???"):
@@ -163,7 +168,7 @@ def empty_split(split, root, images):
                      f"take from).")
 
 
-def load(d, splits, labels=False, progress=True, say=print):
+def load(d, splits, labels=False, progress=True, say=show):
     """[ImageRows of each split] (or [(ImageRows, labels (B,) int64 tensor)] with labels=True) of a
     folder data config, converting the folder first when its cache is missing or out of date."""
     import torch

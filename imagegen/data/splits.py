@@ -2,6 +2,8 @@
 test files, each uint8 sequences (B, D) in raster order with channels interleaved per pixel (MNIST
 D = 784, CIFAR D = 3072) and int64 labels (B,).
 """
+import os
+
 import numpy as np
 import torch
 
@@ -20,6 +22,7 @@ def load_splits(name, root, splits, val_fraction=0.05, seed=0, download_missing=
     'val' is a seeded random `val_fraction` of the training files; 'train' is the rest.
     download_missing fetches the official files that are missing (see `download`)."""
     info = catalogue.info(name)
+    root = root if root is None else os.path.expanduser(root)     # "~/d": the home folder's d, never ./~
     if name in catalogue.CACHED:
         raise UserError(f"{name} is read through its cache: use load_from_config (imagegen/data/sets.py).")
     for split in splits:

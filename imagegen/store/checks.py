@@ -9,9 +9,12 @@ instead, through format.advice):
   torch_saved(path)                  whether the file starts as torch.save's files do
   load_reason(e)                     why torch.load refused a file, in whole words
   check_config(ck, path)             a model section that fits the schema, a known dataset
-  check_weights(state_dict, path)    a dict of floating-point, finite tensors
+  check_tensors(state_dict, path)    a dict of floating-point tensors (nothing of them read yet)
+  check_weights(state_dict, path)    ... and finite, within MAX_WEIGHT (every value read)
   check_buildable(cfg, weights, path)  before allocating: attention options, the layer count against
                                      the weights, the size against free memory
+  check_shapes(cfg, weights, path)   names and shapes against the model the config describes (built on the
+                                     meta device: no memory), before any value is read
   check_weights_fit(weights, model, path)  names and shapes against the built model
   check_training(ck, path)           a checkpoint to resume from holds optimizer and run state
   check_compatible(ck, cfg, path)    resuming: the same architecture, data and optimizer (notes on the rest)
@@ -96,10 +99,13 @@ def check(ck, path):
         raise UserError(f"{path} is not an imagegen checkpoint (no '{FORMAT}' format tag); "
                         f"pass a checkpoint written by imagegen-train.")
     check_config(ck, path)
-    check_weights(ck["model"], path)
-    if "ema" in ck:
-        check_weights(ck["ema"], path)
+    weights = [ck["model"], *([ck["ema"]] if "ema" in ck else [])]
+    for w in weights:
+        check_tensors(w, path)
     check_buildable(ck["config"], ck["model"], path, available_bytes(torch.device("cpu")))
+    for w in weights:           # shapes first: a tensor expanded to 10^12 values is named, never read
+        check_shapes(ck["config"], w, path)
+        check_weights(w, path)
     return ck
 
 
@@ -126,15 +132,31 @@ def check_config(ck, path):
     cfg["model"] = model
 
 
-def check_weights(state_dict, path):
-    """A dict of floating-point tensors within MAX_WEIGHT. NaN or inf in a run's .pt is a run that diverged
-    (a step can save what the next step's loss check would have stopped); in a .safetensors model, which
-    imagegen-convert writes only from finite weights, and beyond MAX_WEIGHT anywhere, an edited file."""
+def check_tensors(state_dict, path):
+    """A dict of floating-point tensors (their dtypes and shapes looked at, no value read)."""
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise damaged(path, "its weights are not a dict of tensors")
     for name, t in state_dict.items():
         if not t.is_floating_point():
             raise damaged(path, f"weight {name} holds {dtype_name(t.dtype)} values where floats belong")
+
+
+def check_shapes(cfg, weights, path):
+    """The weights' names and shapes against the model that the checkpoint's config describes, built on the
+    meta device (shapes, no memory)."""
+    from ..model.transformer import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg["model"], dataset_info(cfg["data"]))
+    check_weights_fit(weights, model, path)
+
+
+def check_weights(state_dict, path):
+    """check_tensors, and each tensor within MAX_WEIGHT. NaN or inf in a run's .pt is a run that diverged
+    (a step can save what the next step's loss check would have stopped); in a .safetensors model, which
+    imagegen-convert writes only from finite weights, and beyond MAX_WEIGHT anywhere, an edited file."""
+    check_tensors(state_dict, path)
+    for name, t in state_dict.items():
         if not torch.isfinite(t).all():
             if Path(path).suffix == ".safetensors":
                 raise damaged(path, f"weight {name} holds NaN or inf, which imagegen-convert never writes")

@@ -50,7 +50,7 @@ def is_shipped(path):
 
 def default_root(dataset):
     """Where a dataset is looked for when a config leaves data.root empty: $IMAGEGEN_DATA/<name> or data/<name>."""
-    return str(Path(os.environ.get("IMAGEGEN_DATA", "data")) / dataset)
+    return str(Path(os.environ.get("IMAGEGEN_DATA", "data")).expanduser() / dataset)
 
 
 def read(path):
@@ -145,32 +145,47 @@ def weights_bytes(state_dict):
                  for k, v in state_dict.items()})
 
 
-def write(stem, config, weights, record):
-    """Write STEM.safetensors (weights: a state dict or weights_bytes' bytes) and STEM.json (config:
-    shippable_config's, recorded as given), each atomically through
-    files.write_bytes; returns the two paths. When the .json cannot be written, the .safetensors
-    written just before is removed: a failed write leaves no half model behind."""
-    from ..files import write_bytes
+def check_writable(stem, overwrite=False):
+    """Refuse (one sentence, nothing written) a STEM that names a shipped model of the package, or whose
+    STEM.safetensors or STEM.json imagegen did not write there (or which changed since) unless `overwrite`
+    (files.write_owned's rule)."""
+    from ..files import check_owned
 
     path = Path(stem).with_suffix(".safetensors")
-    write_bytes(path, weights if isinstance(weights, bytes) else weights_bytes(weights), "weights", WRITE_FIX)
+    if is_shipped(path) and (path.exists() or path.with_suffix(".json").exists()):
+        raise UserError(f"{path.with_suffix('')} is a model shipped with imagegen, which is never replaced; choose "
+                        f"another out=..., e.g. out={Path.cwd() / (path.stem + '-mine')} (nothing was written).")
+    check_owned([path, path.with_suffix(".json")], "model", overwrite)
+
+
+def write(stem, config, weights, record, overwrite=False):
+    """Write STEM.safetensors (weights: a state dict or weights_bytes' bytes) and STEM.json (config:
+    shippable_config's, recorded as given), each atomically through files.write_owned (refused as
+    check_writable refuses); returns the two paths. When the .json cannot be written, the .safetensors
+    written just before is removed: a failed write leaves no half model behind."""
+    from ..files import write_owned
+
+    check_writable(stem, overwrite)
+    path = Path(stem).with_suffix(".safetensors")
+    blob = weights if isinstance(weights, bytes) else weights_bytes(weights)
+    write_owned(path, blob, "weights", overwrite, WRITE_FIX)
     try:
-        return path, write_config(stem, config, record)
+        return path, write_config(stem, config, record, overwrite)
     except BaseException:
         path.unlink(missing_ok=True)
         raise
 
 
-def write_config(stem, config, record):
+def write_config(stem, config, record, overwrite=False):
     """Write STEM.json alone (a shippable_config, the record and the sha256 of the STEM.safetensors written
-    before it); returns its path."""
-    from ..files import sha256, write_bytes
+    before it) through files.write_owned; returns its path."""
+    from ..files import sha256, write_owned
 
     meta = Path(stem).with_suffix(".json")
     digest = sha256(Path(stem).with_suffix(".safetensors"))
     text = json.dumps({"format": FORMAT, "weights_sha256": digest, "config": config, "record": record},
                       indent=1) + "\n"
-    write_bytes(meta, text.encode(), "config", WRITE_FIX)
+    write_owned(meta, text.encode(), "config", overwrite, WRITE_FIX)
     return meta
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..say import show
 from ..files import OUTPUTS, write_bytes
 
 CHECKPOINTS = ("last.pt", "best.pt")
@@ -41,7 +42,7 @@ def set_aside(run_dir, paths):
     return folder
 
 
-def start(run_dir, cfg, resuming, say=print):
+def start(run_dir, cfg, resuming, say=show):
     t = cfg["train"]
     if not resuming:
         held = [name for name in CHECKPOINTS if (Path(run_dir) / name).exists()]

@@ -18,7 +18,7 @@ from ..bits_per_dim import LN2, bits_per_dim
 from ..config import check_train
 from ..data.sets import dataset_info, load_from_config
 from ..dtypes import autocast
-from ..errors import UserError
+from ..errors import UserError, printable
 from ..lock import folder_lock
 from ..memory import check_forward_fits
 from ..model.transformer import build_model
@@ -88,7 +88,7 @@ def train(cfg, device):
         run_dir = prepare_run_dir(cfg)
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
-        with folder_lock(run_dir, created=created) if world.main else nullcontext():
+        with folder_lock(run_dir, created=created, scratch=(".hydra",)) if world.main else nullcontext():
             trainer = Trainer(cfg, device, world, run_dir)
             try:
                 return trainer.run()
@@ -157,7 +157,7 @@ class Trainer:
 
     def say(self, text):
         if self.world.main:
-            tqdm.write(text)
+            tqdm.write(printable(text))        # a run_dir or file name escaped, as say.show does
 
     def resume(self):
         with advice(f"start over with train.resume=false train.overwrite=true (the run's files move into "
@@ -316,8 +316,10 @@ class Trainer:
                     not torch.isfinite(loss).item(), state.elapsed if self.world.main else 0.0])
                 state.elapsed = elapsed
                 if bad:
+                    then = (f"resume from {self.last} or start over" if self.last.exists() else
+                            "run the command again (no checkpoint was saved yet)")
                     raise UserError(f"the loss became non-finite at step {state.step}; lower train.lr or raise "
-                                    f"train.warmup_steps, then resume from {self.last} or start over.")
+                                    f"train.warmup_steps, then {then}.")
                 if signalled or spent:
                     break
                 factor = lr_factor(t, state.step, state.elapsed)

@@ -9,11 +9,15 @@ another machine, where `imagegen-train run_dir=NEW ...` resumes it (docs/runs.md
   unpack_run(pack, run_dir, overwrite)   every byte checked, last.pt checked as a checkpoint to resume from and
                                    its moments back in float32, written into a new (or empty) run_dir; a run_dir
                                    holding a run is refused, or with overwrite=true that run's files are moved
-                                   into run_dir/previous-<time>/ first
+                                   into run_dir/previous-<time>/ first. Atomic: written beside run_dir, then
+                                   renamed in (`swap_in`); an interrupted unpack leaves nothing, or what was there
 """
 import fnmatch
 import io
 import os
+import shutil
+import signal
+import tempfile
 from pathlib import Path
 
 import torch
@@ -21,6 +25,7 @@ import torch
 from ..errors import UserError
 from ..files import write_bytes
 from ..lock import folder_lock
+from ..say import show
 from ..store import checkpoint, checks, pack
 from . import rundir
 
@@ -82,7 +87,7 @@ def load_bytes(data, name):
     return checks.check(ck, name)
 
 
-def pack_run(run_dir, out, state="exact", best="weights", max_files=8, max_mib=16.0, overwrite=False, say=print):
+def pack_run(run_dir, out, state="exact", best="weights", max_files=8, max_mib=16.0, overwrite=False, say=show):
     """Pack the run in `run_dir` into PACK `out` (see the module docstring); returns the paths written."""
     run_dir = Path(run_dir).expanduser()
     if state not in STATES or best not in BESTS:
@@ -115,7 +120,39 @@ def pack_run(run_dir, out, state="exact", best="weights", max_files=8, max_mib=1
     return written
 
 
-def unpack_run(pack_dir, run_dir, overwrite=False, say=print):
+def held_run(run_dir, overwrite):
+    """The run files that run_dir holds (rundir.previous_files); a UserError when it holds some and not `overwrite`."""
+    held = rundir.previous_files(run_dir)
+    if held and not overwrite:
+        raise UserError(f"run_dir {run_dir} already holds a run's files ({', '.join(p.name for p in held[:3])}"
+                        f"{' ...' if len(held) > 3 else ''}); choose a new run_dir=..., or pass overwrite=true "
+                        f"to move them into {run_dir}/previous-<time>/ first (nothing was written).")
+    return held
+
+
+def swap_in(stage, run_dir, overwrite, say):
+    """The files of folder `stage` (beside run_dir) become run_dir's: a new run_dir is one rename; into an existing
+    one (a run there set aside first, with overwrite) each file is renamed in, last.pt last, with Ctrl-C and SIGTERM
+    held back until the renames are done (a stop then acts after them), so that run_dir holds the whole run or
+    what it held before."""
+    if not os.path.lexists(run_dir):
+        os.rename(stage, run_dir)
+        return
+    with folder_lock(run_dir):
+        held = held_run(run_dir, overwrite)
+        stops = {signal.SIGINT, signal.SIGTERM}
+        hold = getattr(signal, "pthread_sigmask", lambda how, signals: None)      # Windows: nothing held back
+        hold(signal.SIG_BLOCK, stops)
+        try:
+            if held:
+                say(f"moved the files it held into {rundir.set_aside(run_dir, held)}")
+            for entry in sorted(os.listdir(stage), key=lambda name: name == "last.pt"):
+                os.replace(stage / entry, run_dir / entry)
+        finally:
+            hold(signal.SIG_UNBLOCK, stops)
+
+
+def unpack_run(pack_dir, run_dir, overwrite=False, say=show):
     """Unpack PACK `pack_dir` into `run_dir` (see the module docstring); returns the run's step."""
     run_dir = Path(run_dir).expanduser()
     files, meta = pack.read(pack_dir)
@@ -133,17 +170,18 @@ def unpack_run(pack_dir, run_dir, overwrite=False, say=print):
     if os.path.lexists(run_dir) and not run_dir.is_dir():
         raise UserError(f"run_dir {run_dir} is a file, not a folder; choose another run_dir=... (nothing was "
                         f"written).")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with folder_lock(run_dir):
-        held = rundir.previous_files(run_dir)
-        if held and not overwrite:
-            raise UserError(f"run_dir {run_dir} already holds a run's files ({', '.join(p.name for p in held[:3])}"
-                            f"{' ...' if len(held) > 3 else ''}); choose a new run_dir=..., or pass overwrite=true "
-                            f"to move them into {run_dir}/previous-<time>/ first (nothing was written).")
-        if held:
-            say(f"moved the files it held into {rundir.set_aside(run_dir, held)}")
+    held_run(run_dir, overwrite)           # refused before anything (the lock file too) is written there
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix=f".{run_dir.name}.", suffix=".tmp"))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(stage, 0o777 & ~mask)         # the run_dir it becomes: a folder as mkdir makes it, not mkdtemp's 0700
+    try:                                   # every file written beside run_dir first: a stop here leaves nothing
         for name, data in files.items():
-            write_bytes(run_dir / name, data, "run file")
+            write_bytes(stage / name, data, "run file")
+        swap_in(stage, run_dir, overwrite, say)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     step = last["state"]["step"]
     say(f"unpacked {pack_dir} into {run_dir}: {meta.get('run', 'a run')} at step {step}, {len(files)} files"
         + (" (its optimizer's moments were packed in bfloat16)" if meta.get("state") == "compact" else "")

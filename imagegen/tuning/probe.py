@@ -15,11 +15,19 @@ count is another key, so it is measured afresh; a damaged or unreadable file is 
 line on stderr (and rewritten when it can be). Within a process a verdict, once made, is never
 re-timed: a run's choices stay fixed, and a resumed run reads the same verdicts from the file.
 
+A cached verdict is trusted only while it holds (`stale`): each records the machine's load when it was
+timed (the 1-minute load average, less the probe's own threads: the other processes' work), and is timed
+again when it was taken on a busy machine (and this one is not busy now), when it is older than MAX_AGE_DAYS,
+or when it was marginal (within NEAR of the margin) and is a day old; a verdict of an older cache, which
+recorded no load, is timed again once. `listing()` gives every cached verdict with the reason it is trusted
+or not (imagegen-bench mode=probes shows them; clear=true removes them: `clear()`).
+
 IMAGEGEN_PROBE=0 (or IMAGEGEN_PRECISION_PROBE=0) turns every probe off: callers then fall back to
 their rules (CPU flags for bfloat16, the head-dimension rule for the kernel).
 """
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -33,6 +41,9 @@ from .machine import cpu_identity, cpu_name
 from ..say import say
 
 MARGIN = 1.15          # the candidate must be this many times faster than the baseline to be chosen
+BUSY = 0.5             # other processes' load (cores' worth) from which a machine counts as busy
+MAX_AGE_DAYS = 30      # a verdict older than this is timed again
+NEAR = 1.1             # a ratio within this factor of the margin is marginal: timed again when a day old
 ENV_VARS = ("IMAGEGEN_PROBE", "IMAGEGEN_PRECISION_PROBE")
 VERSION = 1            # of the cache file's layout
 
@@ -110,6 +121,55 @@ def write_cache(path, entries):
         say(f"could not write the probe cache {path} ({exc.strerror or exc}); the verdict holds for this process only")
 
 
+def load_now():
+    """The 1-minute load average (runnable processes, in cores' worth), or None where the OS keeps none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def others(load, threads):
+    """The other processes' share of a load average measured while `threads` of ours ran."""
+    return max(0.0, load - threads) if isinstance(load, (int, float)) else None
+
+
+def stale(entry, margin=MARGIN, now=None, load=None):
+    """Why a valid cached entry must be timed again (a phrase), or None when it can be trusted. now: time.time();
+    load: this machine's other load now (others(load_now(), threads))."""
+    now = time.time() if now is None else now
+    if "load" not in entry:
+        return "its machine load was not recorded (an older cache)"
+    then = others(entry["load"], entry.get("threads", 1))
+    if then is not None and then >= BUSY and (load is None or load < BUSY):
+        return f"it was timed while other processes used {then:.1f} cores"
+    try:
+        days = (now - time.mktime(time.strptime(entry["when"], "%Y-%m-%d %H:%M:%S"))) / 86400
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return "its date is unreadable"
+    if days > MAX_AGE_DAYS:
+        return f"it is {days:.0f} days old"
+    ratio = entry["baseline_ms"] / entry["candidate_ms"]
+    if abs(math.log(ratio / entry.get("margin", margin))) < math.log(NEAR) and days >= 1:
+        return f"it was marginal ({ratio:.2f}x against the {entry.get('margin', margin)}x asked)"
+    return None
+
+
+def listing():
+    """[(key, entry, reason: None when trusted)] of every valid verdict in the cache, for every machine key."""
+    load = others(load_now(), torch.get_num_threads())
+    return [(key, entry, stale(entry, load=load)) for key, entry in sorted(read_cache(cache_path()).items())
+            if valid_entry(entry)]
+
+
+def clear():
+    """Remove the cache file (every verdict is timed again when next needed); returns how many it held."""
+    path = cache_path()
+    held = len(read_cache(path))
+    path.unlink(missing_ok=True)
+    return held
+
+
 def valid_entry(entry):
     return (isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0
                                             for k in ("baseline_ms", "candidate_ms")))
@@ -127,7 +187,10 @@ def decide(name, measure, margin=MARGIN):
     path = cache_path()
     entries = read_cache(path)
     entry = entries.get(f"{key[0]}/{name}")
-    if valid_entry(entry):
+    why = stale(entry, margin, load=others(load_now(), torch.get_num_threads())) if valid_entry(entry) else None
+    if why:
+        say(f"timing the {name} probe again: {why}")
+    if valid_entry(entry) and not why:
         verdict = Verdict(name, float(entry["baseline_ms"]), float(entry["candidate_ms"]),
                           bool(entry.get("chosen", entry["baseline_ms"] >= margin * entry["candidate_ms"])),
                           "cached", str(path))
@@ -138,7 +201,7 @@ def decide(name, measure, margin=MARGIN):
         entries[f"{key[0]}/{name}"] = {"baseline_ms": baseline_ms, "candidate_ms": candidate_ms,
                                        "chosen": verdict.chosen, "margin": margin, "cpu": cpu_name(),
                                        "torch": torch.__version__, "threads": torch.get_num_threads(),
-                                       "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+                                       "load": load_now(), "when": time.strftime("%Y-%m-%d %H:%M:%S")}
         write_cache(path, entries)
     _verdicts[key] = verdict
     return verdict

@@ -206,3 +206,16 @@ def test_muon_in_bfloat16_is_torchs_and_in_float32_near_float64():
     fp32 = steps(lambda ps: Muon(ps, dtype=torch.float32, **kw))
     for a, b, t in zip(fp32, exact, theirs):
         assert (a - b).abs().max() < 1e-4 < (t - b).abs().max()        # bfloat16's is further off
+
+
+@pytest.mark.parametrize("arg,pattern", [
+    ("train.optimizer=lion", "train.optimizer must be adamw, adam, radam or muon"),
+    ("train.muon_lr=nan", "train.muon_lr must be a finite number > 0"),
+    ("train.muon_lr=-1", "train.muon_lr must be a positive number"),
+    ("train.muon_momentum=1.0", "train.muon_momentum must lie in [0, 1)"),
+    ("train.target_bpd=inf", "train.target_bpd must be a finite number > 0"),
+    ("train.target_bpd=0", "train.target_bpd must be a positive number"),
+])
+def test_the_speedrun_options_are_checked_in_one_sentence(mnist_root, tmp_path, arg, pattern):
+    one_line_error(call("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", arg), pattern)
+    assert not (tmp_path / "last.pt").exists()

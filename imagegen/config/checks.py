@@ -89,7 +89,8 @@ def finite(value, key, span):
 # The floats of the train section, each with its range in words (checked for range in check_train)
 TRAIN_FLOATS = {"lr": "> 0", "weight_decay": ">= 0", "grad_clip": ">= 0 (0: no clipping)", "min_lr_ratio": "in [0, 1]",
                 "label_dropout": "in [0, 1]", "ema": "in [0, 1) (0: off)", "max_minutes": "> 0 (null: no time budget)",
-                "sample_minutes": ">= 0 (0: only by steps)"}
+                "sample_minutes": ">= 0 (0: only by steps)", "muon_lr": "> 0 (null: lr)", "muon_momentum": "in [0, 1)",
+                "target_bpd": "> 0 (null: none)"}
 
 
 def check_train_floats(cfg):

@@ -95,9 +95,8 @@ def test_time_to_target_reads_the_first_validation_under_it():
 
 def test_the_record_table_compares_each_run_with_the_record_before_it():
     base = {"data": "mnist", "target": 1.0, "threads": 1, "cpu": "X", "date": "d", "load": ""}
-    record = {"peaks": {"X": {"float32": 100.0, "bfloat16": 50.0}}, "rows": [
-        {**base, "change": "baseline", "cpu_seconds": 600.0, "kept": True, "share_fp32_peak": 0.5,
-         "share_bf16_peak": 0.25},
+    record = {"peaks": {"X": {"float32": 100.0, "bfloat16": 200.0}}, "rows": [
+        {**base, "change": "baseline", "cpu_seconds": 600.0, "kept": True, "useful_gflops": 50.0},
         {**base, "change": "worse", "cpu_seconds": 900.0, "kept": False},
         {**base, "change": "better", "cpu_seconds": 120.0, "kept": True},
         {**base, "change": "next", "cpu_seconds": None, "kept": None}]}
@@ -107,7 +106,9 @@ def test_the_record_table_compares_each_run_with_the_record_before_it():
     assert "| 15.00 | 10.00 |" in rows["worse"] and "dropped" in rows["worse"]
     assert "| 2.00 | 10.00 |" in rows["better"] and "kept" in rows["better"]
     assert "| - | 2.00 |" in rows["next"] and "pending" in rows["next"]
-    assert "X: float32 100, bfloat16 50 GFLOP/s" in lines[2]
+    assert "X: float32 100, bfloat16 200 GFLOP/s" in lines[2]
+    record["peaks"]["X"]["bfloat16"] = 5.0                       # emulated: no share of it
+    assert "| 50 | - |" in speedrun.table(record)
 
 
 def test_useful_flops_count_six_per_parameter_and_the_linear_state():
@@ -178,7 +179,7 @@ def test_bench_speedrun_records_a_run_and_reads_it_again(mnist_root, tmp_path):
     assert "tiny, budget 0.05 min: reached 100" in first.stdout
     rows = json.loads(record.read_text())["rows"]
     assert len(rows) == 1 and rows[0]["reached"] and rows[0]["steps"] == 2 and rows[0]["budget_minutes"] == 0.05
-    assert rows[0]["test_bpd"] > 0 and rows[0]["share_fp32_peak"] > 0 and rows[0]["kept"] is None
+    assert rows[0]["test_bpd"] > 0 and rows[0]["useful_gflops"] > 0 and rows[0]["kept"] is None
     assert "| mnist | tiny | 0.05 |" in record.with_suffix(".md").read_text()
     second = run("imagegen-bench", *args)                      # the finished run is read, not trained again
     assert "nothing to do" in (tmp_path / "speedrun-runs" / "mnist-tiny-0.05m-s0.log").read_text()

@@ -119,7 +119,7 @@ def test_bpd(run_dir, data, n):
     return bits_per_dim(model, x[:n], 32, torch.device("cpu"), labels=y[:n] if model.num_classes else None)
 
 
-def row_of(s, c, data, target, budget, run_dir, peaks):
+def row_of(s, c, data, target, budget, run_dir):
     rows = metrics(run_dir)
     step, cpu_s, wall_s, best = time_to_target(rows, target)
     ck = checkpoint.load(Path(run_dir) / "last.pt")
@@ -134,8 +134,6 @@ def row_of(s, c, data, target, budget, run_dir, peaks):
             "cpu_seconds": cpu_s, "wall_seconds": wall_s, "steps": step, "threads": s["threads"],
             "run_steps": steps, "run_cpu_seconds": elapsed, "best_val_bpd": best, "tokens_per_s": tokens_per_s,
             "useful_gflops": rate, "flops_per_token": flops,
-            "share_fp32_peak": rate / peaks["float32"] if rate else None,
-            "share_bf16_peak": rate / peaks["bfloat16"] if rate and peaks["bfloat16"] > peaks["float32"] else None,
             "test_bpd": test_bpd(run_dir, {**ck["config"]["data"], "root": data["root"]}, s["test_images"]),
             "test_images": s["test_images"], "precision": ck.get("precision"), "seed": c["seed"],
             "cpu": cpu_name(), "date": date.today().isoformat(), "kept": s["kept"], "load": s["load"],
@@ -160,6 +158,15 @@ def minutes(seconds):
     return None if seconds is None else seconds / 60
 
 
+def shares(rate, peaks):
+    """{share, share_bf16}: the useful rate as a percentage of the CPU's measured peaks (None where unknown,
+    and for bfloat16 where its peak is below float32's: emulated)."""
+    if not rate or not peaks:
+        return {"share": None, "share_bf16": None}
+    bf16 = 100 * rate / peaks["bfloat16"] if peaks["bfloat16"] > peaks["float32"] else None
+    return {"share": 100 * rate / peaks["float32"], "share_bf16": bf16}
+
+
 def table(record):
     """The record table: every run, in the order tried, its time to target beside the record before it."""
     rows, best = [], {}
@@ -168,8 +175,7 @@ def table(record):
         before = best.get(key)
         rows.append({**r, "minutes": minutes(r["cpu_seconds"]), "record_before": minutes(before),
                      "verdict": {True: "kept", False: "dropped", None: "pending"}[r.get("kept")],
-                     "share": r.get("share_fp32_peak") and 100 * r["share_fp32_peak"],
-                     "share_bf16": r.get("share_bf16_peak") and 100 * r["share_bf16_peak"]})
+                     **shares(r.get("useful_gflops"), record["peaks"].get(r["cpu"]))})
         if r.get("kept") and r["cpu_seconds"] is not None and (before is None or r["cpu_seconds"] < before):
             best[key] = r["cpu_seconds"]
     columns = [("data", "data", None), ("change", "change", None), ("budget_minutes", "budget (CPU min)", "{:g}"),
@@ -199,13 +205,12 @@ def run(c):
     record = read_record(record_path)
     if cpu_name() not in record["peaks"]:
         record["peaks"][cpu_name()] = core_peaks()
-    peaks = record["peaks"][cpu_name()]
     for budget in sorted(s["budgets"]):
         run_dir = out / f"{data['name']}-{slug(s['change'])}-{budget:g}m-s{c['seed']}"
         argv, log = train_argv(s, data, target, budget, c["seed"], run_dir), out / f"{run_dir.name}.log"
         if sweep([(run_dir.name, argv, log)], 1):
             raise UserError(f"the run {run_dir.name} failed; its log: {log}.")
-        row = row_of(s, c, data, target, budget, run_dir, peaks)
+        row = row_of(s, c, data, target, budget, run_dir)
         record["rows"] = [r for r in record["rows"] if r.get("run_dir") != str(run_dir)] + [row]
         write_bytes(record_path, (json.dumps(record, indent=2) + "\n").encode(), what="speedrun record")
         write_bytes(record_path.with_suffix(".md"), (table(record) + "\n").encode(), what="speedrun table")

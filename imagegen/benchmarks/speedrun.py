@@ -25,7 +25,7 @@ from ..attention.linear import LinearAttention
 from ..bits_per_dim import bits_per_dim
 from ..data.sets import dataset_info, load_from_config
 from ..errors import UserError
-from ..files import write_bytes
+from ..files import folder_turn, write_bytes
 from ..store import checkpoint
 from ..tuning.machine import cpu_name
 from .paper import CHILD, hydra_value, sweep
@@ -196,24 +196,33 @@ def table(record):
             + markdown_table(rows, columns))
 
 
+def add_row(record_path, row, peaks=None):
+    """The record with `row` (replacing one of the same run folder) and this CPU's peaks when given, and its
+    table, written in the record folder's turn, so that runs finishing at once all stay recorded."""
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    with folder_turn(record_path.parent):
+        record = read_record(record_path)
+        if peaks is not None:
+            record["peaks"][row["cpu"]] = peaks
+        record["rows"] = [r for r in record["rows"] if r.get("run_dir") != row["run_dir"]] + [row]
+        write_bytes(record_path, (json.dumps(record, indent=2) + "\n").encode(), what="speedrun record")
+        write_bytes(record_path.with_suffix(".md"), (table(record) + "\n").encode(), what="speedrun table")
+
+
 def run(c):
     s, data = c["speedrun"], c["data"]
     check(s, data["name"])
     target = s["target"] if s["target"] is not None else TARGETS[data["name"]]
     out = Path(c["out_dir"]) / "speedrun-runs"
     record_path = Path(s["record"])
-    record = read_record(record_path)
-    if cpu_name() not in record["peaks"]:
-        record["peaks"][cpu_name()] = core_peaks()
+    peaks = None if cpu_name() in read_record(record_path)["peaks"] else core_peaks()
     for budget in sorted(s["budgets"]):
         run_dir = out / f"{data['name']}-{slug(s['change'])}-{budget:g}m-s{c['seed']}"
         argv, log = train_argv(s, data, target, budget, c["seed"], run_dir), out / f"{run_dir.name}.log"
         if sweep([(run_dir.name, argv, log)], 1):
             raise UserError(f"the run {run_dir.name} failed; its log: {log}.")
         row = row_of(s, c, data, target, budget, run_dir)
-        record["rows"] = [r for r in record["rows"] if r.get("run_dir") != str(run_dir)] + [row]
-        write_bytes(record_path, (json.dumps(record, indent=2) + "\n").encode(), what="speedrun record")
-        write_bytes(record_path.with_suffix(".md"), (table(record) + "\n").encode(), what="speedrun table")
+        add_row(record_path, row, peaks)
         said = (f"reached {target} in {row['cpu_seconds'] / 60:.2f} CPU min ({row['steps']} steps)" if row["reached"]
                 else f"did not reach {target} (best {row['best_val_bpd']:.4f})")
         print(f"{s['change']}, budget {budget:g} min: {said}; wrote {record_path} and its .md", flush=True)

@@ -220,3 +220,20 @@ def test_muon_in_bfloat16_is_torchs_and_in_float32_near_float64():
 def test_the_speedrun_options_are_checked_in_one_sentence(mnist_root, tmp_path, arg, pattern):
     one_line_error(call("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path}", arg), pattern)
     assert not (tmp_path / "last.pt").exists()
+
+
+def test_runs_finishing_at_once_all_stay_in_the_record(tmp_path):
+    """Four processes add their rows at the same moment: the record holds all four (each rewrites it in the
+    folder's turn) and its table is written from the whole record."""
+    import subprocess
+    import sys
+    record = tmp_path / "speedrun.json"
+    code = ("import sys, pathlib; from imagegen.benchmarks import speedrun; i = sys.argv[1]; "
+            "row = {'data': 'mnist', 'target': 1.0, 'threads': 1, 'cpu': 'X', 'date': 'd', 'load': '', "
+            "'change': 'c' + i, 'cpu_seconds': 60.0, 'kept': None, 'run_dir': 'r' + i}; "
+            "[speedrun.add_row(pathlib.Path(sys.argv[2]), {**row, 'run_dir': f'r{i}-{k}'}) for k in range(5)]")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(record)]) for i in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    rows = json.loads(record.read_text())["rows"]
+    assert sorted(r["run_dir"] for r in rows) == sorted(f"r{i}-{k}" for i in range(4) for k in range(5))
+    assert record.with_suffix(".md").read_text().count("| mnist |") == 20

@@ -79,8 +79,7 @@ class DataConfig:
                                   "cifar-100-python, ...), or the folder of images (data=folder); made absolute when "
                                   "a run starts")
     download: bool = opt(True, "fetch the official files (md5-checked) when they are missing; false: never download")
-    mirror: Optional[str] = opt(None, "base URL holding the official files under their names (null: "
-                                      "$IMAGEGEN_DATA_MIRROR, else the official URLs)")
+    mirror: Optional[str] = opt(None, "base URL holding the official files under their names (null: the official URLs)")
     val_fraction: float = opt(0.05, "seeded share of the training files held out for validation (0 to 1)")
     split_seed: int = opt(0, "seed of the train/validation split")
     # data=folder (imagegen/data/source.py, docs/data.md)
@@ -161,6 +160,7 @@ class TrainConfig:
     device: str = opt("auto", "auto (CUDA when available), cpu, cuda or cuda:N")
     threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start, shared among "
                           "torchrun's processes, and fewer when the steps slow down sharply and fewer are free)")
+    dist_timeout_s: float = opt(300.0, "seconds a torchrun process waits for the others before it stops (one died)")
     train: TrainOptions = field(default_factory=TrainOptions)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

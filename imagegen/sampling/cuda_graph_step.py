@@ -6,11 +6,9 @@ replays it as one CUDA graph instead of launching every layer's small kernels fr
 Tested on the CPU in its eager form against `PixelTransformer.step`; compiled, on a GPU only where
 one is (tests/test_cuda_graph_step.py passed on an H200 once, docs/gpu.md; there the first call,
 which compiles, took over 30 s). If torch declines to graph it, torch.compile logs why and runs it
-compiled without graphs; IMAGEGEN_CUDA_GRAPHS=0 turns it off altogether.
+compiled without graphs.
 Shape letters: N batch, D model dim, P distribution parameters, E head dim.
 """
-import os
-
 import torch
 
 from ..model.transformer import START
@@ -34,9 +32,8 @@ def make_step(model, batch, device, dtype, labels=None):
 
 
 def use_graphs(model, device):
-    """CUDA, every attention linear (a constant-size state), and not turned off by IMAGEGEN_CUDA_GRAPHS=0."""
-    return (device.type == "cuda" and os.environ.get("IMAGEGEN_CUDA_GRAPHS", "1") != "0"
-            and all(b.attn.name == "linear" for b in model.blocks))
+    """CUDA, and every attention linear (a constant-size state)."""
+    return device.type == "cuda" and all(b.attn.name == "linear" for b in model.blocks)
 
 
 class GraphedStep:
@@ -66,7 +63,7 @@ class GraphedStep:
                 torch._dynamo.mark_static_address(buffer)
             self.fn = torch.compile(self.eager, mode="reduce-overhead", fullgraph=True, dynamic=False)
             say(f"the sampling step for {batch} images compiles into one CUDA graph on its first call "
-                "(once per process and batch; it took over 30 s on an H200); IMAGEGEN_CUDA_GRAPHS=0 skips it")
+                "(once per process and batch; it took over 30 s on an H200)")
 
     def reset(self, labels=None):
         """Back to position 0 with empty states and these labels' class vectors, in place."""

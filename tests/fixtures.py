@@ -355,6 +355,24 @@ def make_raw_qkv(*shape, seed=0):
     return 6 * q - 4, 6 * k - 3, v
 
 
+# the causal product's shapes that tests/test_ops.py and tests/test_ops_cuda.py check
+SHAPES = [  # N, H, L, E, M
+    (1, 1, 1, 1, 1),
+    (2, 3, 17, 5, 7),      # odd length, E != M
+    (1, 2, 65, 8, 3),      # one past the default chunk
+    (2, 1, 130, 16, 33),   # M + 1 as in causal_linear_attention
+    (1, 2, 197, 4, 6),     # the fused backward's groups of 4 steps, the last one partial
+    (1, 1, 9, 128, 2),
+    (1, 1, 11, 1, 128),
+    (1, 2, 0, 4, 4),       # empty sequence
+]
+
+
+def assert_close_all(got, want, **tol):
+    for name, a, b in zip(("out", "grad_q", "grad_k", "grad_v"), got, want):
+        torch.testing.assert_close(a.double(), b.double(), msg=lambda m: f"{name}: {m}", **tol)
+
+
 def out_and_grads(fn, q, k, v, grad_seed=1):
     """fn(q, k, v) and the gradients of <fn(q, k, v), G> for a fixed random G."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]

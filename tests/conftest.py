@@ -20,11 +20,14 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.append(str(Path(__file__).parent.parent))     # tools/ (research scripts beside the package), after imagegen's
-from fixtures import write_cifar, write_mnist  # noqa: E402
+from fixtures import ci_requires, write_cifar, write_mnist  # noqa: E402
 
-# Tests never reach the network: a dataset download (data.download defaults to true) goes to a
-# closed local port and fails at once with the offline sentence; tests/test_download.py serves files.
-os.environ["IMAGEGEN_DATA_MIRROR"] = "http://127.0.0.1:9/"
+# Tests never reach the network: every URL but a local one (tests/test_download.py serves files on
+# 127.0.0.1) goes through a proxy at a closed local port, in this process and in the commands it starts,
+# so that a dataset download (data.download defaults to true) fails at once with the offline sentence.
+os.environ.update(http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", no_proxy="127.0.0.1,localhost")
+for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "all_proxy"):
+    os.environ.pop(name, None)
 
 # Tests never time anything to choose: `auto` follows the rules (CPU flags, the kernel's head-dim
 # rule), so that results do not depend on the machine's load; tests/test_probe.py turns probes on
@@ -82,7 +85,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """Headless Debian Chromium driven by Playwright (skipped where missing, failed instead when
-    IMAGEGEN_REQUIRE_BROWSER is set, as in CI)."""
+    IMAGEGEN_CI_REQUIRE names the browser, as in CI)."""
     from imagegen.benchmarks.browser import CHROMIUM, FLAGS
     try:
         from playwright.sync_api import sync_playwright
@@ -90,8 +93,8 @@ def browser(tmp_path_factory):
         sync_playwright = None
     if sync_playwright is None or not os.path.exists(CHROMIUM):
         why = f"{CHROMIUM} or the playwright package is missing (apt-get install chromium; pip install -e .[dev])"
-        if os.environ.get("IMAGEGEN_REQUIRE_BROWSER"):
-            pytest.fail(why + ", and IMAGEGEN_REQUIRE_BROWSER is set")
+        if ci_requires("browser"):
+            pytest.fail(why + ", and IMAGEGEN_CI_REQUIRE requires it")
         pytest.skip(why)
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("chromium-profile")),

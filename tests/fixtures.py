@@ -122,8 +122,22 @@ def one_sentence(excinfo):
     return msg
 
 
+REQUIRABLE = ("browser", "triton", "kernel", "shared_data")
+
+
+def ci_requires(what):
+    """Whether a test that needs `what` (one of REQUIRABLE) fails rather than skips where it is missing:
+    IMAGEGEN_CI_REQUIRE lists what must be there, comma-separated (.ci/run sets all four). The suite's one
+    variable of its own; a name not in REQUIRABLE is an error, so that a typo cannot quietly skip."""
+    listed = [w.strip() for w in os.environ.get("IMAGEGEN_CI_REQUIRE", "").split(",") if w.strip()]
+    unknown = sorted(set(listed) - set(REQUIRABLE))
+    if unknown or what not in REQUIRABLE:
+        raise ValueError(f"IMAGEGEN_CI_REQUIRE names {unknown or what}; it lists some of {', '.join(REQUIRABLE)}")
+    return what in listed
+
+
 # The real data files of this project's machines: ../shared/data beside the checkout (in CI too).
-# Tests that read them fail rather than skip when IMAGEGEN_REQUIRE_SHARED_DATA=1 (CI sets it).
+# Tests that read them fail rather than skip where ci_requires("shared_data").
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -132,8 +146,8 @@ def shared_data(*parts):
     import pytest      # here, not at the top: .ci/wheel_check.sh imports this module without pytest
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():
-        if os.environ.get("IMAGEGEN_REQUIRE_SHARED_DATA") == "1":
-            pytest.fail(f"{path} is missing, and IMAGEGEN_REQUIRE_SHARED_DATA=1 requires the real data")
+        if ci_requires("shared_data"):
+            pytest.fail(f"{path} is missing, and IMAGEGEN_CI_REQUIRE requires the real data")
         pytest.skip(f"the real data files are not on this machine ({path})")
     return path
 
@@ -191,11 +205,11 @@ def write_imagenet(root, size=8, batches=(5, 3), n_val=4, seed=0, subfolder="Ima
 
 
 def skip_without_cpu_kernel(why):
-    """Skip a test that needs the compiled CPU kernel, or fail it where IMAGEGEN_REQUIRE_KERNEL=1 (CI
-    sets it: there a kernel that does not build fails the suite instead of hiding behind skips)."""
+    """Skip a test that needs the compiled CPU kernel, or fail it where ci_requires("kernel") (in CI: there
+    a kernel that does not build fails the suite instead of hiding behind skips)."""
     import pytest
-    if os.environ.get("IMAGEGEN_REQUIRE_KERNEL") == "1":
-        pytest.fail(f"{why}, and IMAGEGEN_REQUIRE_KERNEL=1 requires it")
+    if ci_requires("kernel"):
+        pytest.fail(f"{why}, and IMAGEGEN_CI_REQUIRE requires it")
     pytest.skip(why)
 
 
@@ -339,6 +353,24 @@ def make_raw_qkv(*shape, seed=0):
     """Signed q, k spread over both branches of phi (elu's exp side and the linear side)."""
     q, k, v = make_qkv(*shape, seed=seed)
     return 6 * q - 4, 6 * k - 3, v
+
+
+# the causal product's shapes that tests/test_ops.py and tests/test_ops_cuda.py check
+SHAPES = [  # N, H, L, E, M
+    (1, 1, 1, 1, 1),
+    (2, 3, 17, 5, 7),      # odd length, E != M
+    (1, 2, 65, 8, 3),      # one past the default chunk
+    (2, 1, 130, 16, 33),   # M + 1 as in causal_linear_attention
+    (1, 2, 197, 4, 6),     # the fused backward's groups of 4 steps, the last one partial
+    (1, 1, 9, 128, 2),
+    (1, 1, 11, 1, 128),
+    (1, 2, 0, 4, 4),       # empty sequence
+]
+
+
+def assert_close_all(got, want, **tol):
+    for name, a, b in zip(("out", "grad_q", "grad_k", "grad_v"), got, want):
+        torch.testing.assert_close(a.double(), b.double(), msg=lambda m: f"{name}: {m}", **tol)
 
 
 def out_and_grads(fn, q, k, v, grad_seed=1):

@@ -1,10 +1,15 @@
 """The sampler's step function (imagegen/sampling/cuda_graph_step.py): the CUDA-graph form's logic (static
 buffers, the position as a tensor, in-place state, reset) run eagerly on the CPU against the
-per-module loop `PixelTransformer.step`; when it is used; and, with a GPU, compiled against eager."""
+per-module loop `PixelTransformer.step`; when it is used, and that the plan (sampling/plan.py), not the
+model, keeps it; and, with a GPU, compiled against eager."""
+import functools
+
 import pytest
 import torch
 
-from imagegen.sampling.cuda_graph_step import GraphedStep, make_step, use_graphs
+from imagegen.sampling import plan
+from imagegen.sampling.cuda_graph_step import GraphedStep
+from imagegen.sampling.plan import make_step, use_graphs
 from imagegen.attention.linear import LinearState
 from fixtures import tiny_model
 
@@ -32,16 +37,31 @@ def test_static_buffer_step_equals_the_per_module_loop(context):
     torch.testing.assert_close(loop_outputs(model, tokens, graphed.reset()), want, rtol=1e-5, atol=1e-6)
 
 
-def test_used_on_cuda_for_linear_models_only(monkeypatch):
+def test_used_on_cuda_for_linear_models_only():
     model, cuda = linear_model(), torch.device("cuda")
     assert use_graphs(model, cuda)
     assert not use_graphs(model, torch.device("cpu"))
     assert not use_graphs(linear_model(attention="softmax"), cuda)
-    monkeypatch.setenv("IMAGEGEN_CUDA_GRAPHS", "0")
-    assert not use_graphs(model, cuda)
     step = make_step(model, 2, "cpu", torch.float32)
     assert not isinstance(step, GraphedStep)                      # the CPU runs the per-module loop
-    assert not hasattr(model, "graphed_steps")
+
+
+def test_the_plan_keeps_the_graphed_steps_and_the_model_nothing(monkeypatch):
+    """Graphs compile once per (batch, device, dtype) and are replayed after a reset; a new model replaces
+    them; the model's attributes are what they were (eager GraphedSteps stand in for the compiled ones)."""
+    monkeypatch.setattr(plan, "use_graphs", lambda model, device: True)
+    monkeypatch.setattr(plan, "GraphedStep", functools.partial(GraphedStep, compile=False))
+    monkeypatch.setattr(plan, "GRAPHED", plan.GraphedSteps())
+    model = linear_model()
+    before = set(vars(model))
+    first = make_step(model, 2, "cpu", torch.float32)
+    first(torch.zeros(2, dtype=torch.long))
+    again = make_step(model, 2, "cpu", torch.float32)
+    assert isinstance(first, GraphedStep) and again is first and int(again.t) == 0
+    assert make_step(model, 3, "cpu", torch.float32) is not first
+    assert set(vars(model)) == before
+    other = linear_model()
+    assert make_step(other, 2, "cpu", torch.float32) is not first and plan.GRAPHED.model is other
 
 
 def test_refuses_the_fused_cpu_state(monkeypatch):

@@ -22,9 +22,8 @@ def ranks(*python_args, world=2, timeout_s=None, extra_env=None):
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **(extra_env or {})}
-        if timeout_s:
-            env["IMAGEGEN_DIST_TIMEOUT"] = str(timeout_s)
-        procs.append(subprocess.Popen([sys.executable, *python_args], env=env, stdout=subprocess.PIPE,
+        timeout = [f"dist_timeout_s={timeout_s}"] if timeout_s else []
+        procs.append(subprocess.Popen([sys.executable, *python_args, *timeout], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return procs
 

@@ -2,7 +2,7 @@
 Chromium (Playwright driving Debian's /usr/bin/chromium), and the export's errors.
 
 The browser tests skip only where /usr/bin/chromium (or playwright) is missing and
-IMAGEGEN_REQUIRE_BROWSER is unset; CI sets it, so there they fail instead."""
+IMAGEGEN_CI_REQUIRE does not name the browser; CI's does, so there they fail instead."""
 import base64
 import contextlib
 import io

@@ -1,7 +1,6 @@
 """The label-accuracy judge (tools.label_accuracy) on a colour model: its table's
 columns, and a judge file that is written once and read back (the same test accuracy); samples at int8."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +37,7 @@ def test_judge_reads_a_colour_model_and_reuses_its_classifier(cifar_root, tmp_pa
 def test_benchmark_scripts_end_a_user_error_with_one_line(tmp_path):
     """python -m tools.label_accuracy without its data: one line naming the fix, no traceback
     (every argparse benchmark's __main__ runs through errors.one_line)."""
-    env = {**os.environ, "IMAGEGEN_DATA_MIRROR": "http://127.0.0.1:9"}          # nothing to download from
-    proc = subprocess.run([sys.executable, "-m", "tools.label_accuracy", "--data-root",
-                           str(tmp_path / "nowhere"), "--per-class", "1"], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-m", "tools.label_accuracy", "--data-root",      # offline: conftest
+                           str(tmp_path / "nowhere"), "--per-class", "1"], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parents[1])     # tools/ is run from the root
     one_line_error(proc, "MNIST not found in")

@@ -13,8 +13,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "imagegen"
 # The layers, bottom first: a unit (a top-level module or package of imagegen) may import units of
 # lower layers only; units of one layer do not import each other (the package face, "", is the top).
 LAYERS = [
-    ["errors", "paths", "say"],
-    ["lock", "files", "dtypes", "config"],
+    ["errors", "paths"],
+    ["say", "lock", "files", "dtypes", "config"],      # say escapes untrusted text with errors.printable
     ["tuning", "plots"],        # machine facts and choosing by measurement; figures (written through files)
     ["memory", "world"],
     ["ops"],

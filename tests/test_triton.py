@@ -8,7 +8,7 @@ triton, and the kernels run on CPU tensors in Triton's interpreter (the "interp"
 and float16, the interpreter's bfloat16 arithmetic being wrong). Where a GPU is visible the same
 cases run compiled on it (the "cuda" cases, marked cuda, with bfloat16 added) and the interpreter
 cases skip; `TRITON_INTERPRET=1 pytest tests/test_triton.py` runs those there too.
-Skipped only when triton does not import and IMAGEGEN_REQUIRE_TRITON is unset (CI sets it).
+Skipped only when triton does not import and IMAGEGEN_CI_REQUIRE does not name triton (CI's does).
 The interpreter is slow (about 0.1-1 s per call): shapes are small.
 """
 import os
@@ -25,16 +25,16 @@ from imagegen.attention.linear import LinearAttention
 from imagegen.ops import build as kernel_mod, triton_linear
 from imagegen.ops.causal_linear import linear_attention_reference
 from imagegen.tuning import probe
-from fixtures import make_raw_qkv, out_and_grads
+from fixtures import ci_requires, make_raw_qkv, out_and_grads
 
 try:
     import triton  # noqa: F401
     MISSING = None
 except ImportError as exc:
     MISSING = str(exc)
-REQUIRED = os.environ.get("IMAGEGEN_REQUIRE_TRITON", "") not in ("", "0")
+REQUIRED = ci_requires("triton")
 if MISSING and REQUIRED:
-    raise RuntimeError(f"IMAGEGEN_REQUIRE_TRITON is set but triton does not import: {MISSING}")
+    raise RuntimeError(f"IMAGEGEN_CI_REQUIRE requires triton, but it does not import: {MISSING}")
 pytestmark = [pytest.mark.skipif(MISSING is not None, reason=f"triton does not import: {MISSING}"),
               pytest.mark.slow]        # Triton's interpreter: seconds per test; CI runs them all
 
@@ -51,7 +51,7 @@ def device(request):
     interpreting = triton_linear.interpreting()
     if request.param == "cpu" and not interpreting:
         if not torch.cuda.is_available() and REQUIRED:
-            pytest.fail("IMAGEGEN_REQUIRE_TRITON is set, but TRITON_INTERPRET is off and no GPU is visible: "
+            pytest.fail("IMAGEGEN_CI_REQUIRE requires triton, but TRITON_INTERPRET is off and no GPU is visible: "
                         "nothing would run the kernels")
         pytest.skip("triton runs compiled in this process (TRITON_INTERPRET off): the cuda cases cover these; "
                     "TRITON_INTERPRET=1 runs the interpreter")

@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..files import folder_turn, write_bytes
 from ..store import checkpoint
 from ..tuning.machine import cpu_name
-from .paper import CHILD, hydra_value, sweep
+from .sweep import CHILD, hydra_value, sweep
 from .report import markdown_table
 
 TARGETS = {"mnist": 1.00, "cifar10": 4.50}         # the targets, validation bits/dim

@@ -6,7 +6,8 @@ from .checks import (MAX_SEED, attention_options, check_classes, check_device, c
 from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,
                      PackConfig, PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions,
-                     UnpackConfig, describe, opt, options, register, type_name)
+                     UnpackConfig, opt)
+from .registry import describe, options, register, type_name
 
 __all__ = ["attention_options", "ATTENTION_OPTIONS", "BenchConfig", "check_classes", "check_device", "check_eval",
            "check_model", "check_sample", "check_sampling", "check_threads", "check_train", "CheckpointCommand",

@@ -7,7 +7,8 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from ..errors import UserError
-from .schema import ATTENTION_OPTIONS, type_name
+from .registry import type_name
+from .schema import ATTENTION_OPTIONS
 
 
 def attention_options(attention, options, schema=None):

@@ -6,7 +6,7 @@ and `--help` prints every option with its sentence. Ranges (positive sizes, lr >
 checked by `check_*` before anything heavy starts. These dataclasses are the one source of defaults: the
 YAML files in conf/ hold only the config groups, presets and what needs an interpolation.
 """
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field
 from typing import Any, Dict, List, Optional
 
 
@@ -79,8 +79,7 @@ class DataConfig:
                                   "cifar-100-python, ...), or the folder of images (data=folder); made absolute when "
                                   "a run starts")
     download: bool = opt(True, "fetch the official files (md5-checked) when they are missing; false: never download")
-    mirror: Optional[str] = opt(None, "base URL holding the official files under their names (null: "
-                                      "$IMAGEGEN_DATA_MIRROR, else the official URLs)")
+    mirror: Optional[str] = opt(None, "base URL holding the official files under their names (null: the official URLs)")
     val_fraction: float = opt(0.05, "seeded share of the training files held out for validation (0 to 1)")
     split_seed: int = opt(0, "seed of the train/validation split")
     # data=folder (imagegen/data/source.py, docs/data.md)
@@ -161,6 +160,7 @@ class TrainConfig:
     device: str = opt("auto", "auto (CUDA when available), cpu, cuda or cuda:N")
     threads: int = opt(0, "CPU threads for torch (0: as many as there are cores free at start, shared among "
                           "torchrun's processes, and fewer when the steps slow down sharply and fewer are free)")
+    dist_timeout_s: float = opt(300.0, "seconds a torchrun process waits for the others before it stops (one died)")
     train: TrainOptions = field(default_factory=TrainOptions)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -421,39 +421,3 @@ class UnpackConfig:
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig,
            "plot": PlotConfig, "export": ExportConfig, "convert": ConvertConfig, "prepare": PrepareConfig,
            "pack": PackConfig, "unpack": UnpackConfig}
-
-
-def register():
-    """Put every schema in Hydra's ConfigStore as `<name>_schema` (the YAML files' first default), and each
-    attention's options as `attention_options/<attention>` (what conf/model/<name>.yaml puts under
-    model.attention_options, so that its keys are typed and set without a +)."""
-    from hydra.core.config_store import ConfigStore
-    cs = ConfigStore.instance()
-    for name, schema in SCHEMAS.items():
-        cs.store(name=f"{name}_schema", node=schema)
-    for name, options in ATTENTION_OPTIONS.items():   # conf/model/*.yaml: - /attention_options/NAME@attention_options
-        cs.store(group="attention_options", name=name, node=options)
-
-
-def describe(schema, prefix=""):
-    """[(key, type name, help)] of every option of a schema, nested sections flattened (train.lr);
-    sections marked hidden (composed for the presets' sake, never read) are left out."""
-    return [(key, type_name(f.type), f.metadata.get("help", "")) for key, f in options(schema, prefix)]
-
-
-def options(schema, prefix=""):
-    """[(key, dataclass field)] of every option of a schema, as describe lists them."""
-    rows = []
-    for f in fields(schema):
-        if f.metadata.get("hidden"):
-            continue
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        if is_dataclass(default):
-            rows += options(type(default), f"{prefix}{f.name}.")
-        else:
-            rows.append((prefix + f.name, f))
-    return rows
-
-
-def type_name(t):
-    return t.__name__ if isinstance(t, type) else str(t).replace("typing.", "")

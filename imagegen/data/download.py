@@ -21,7 +21,6 @@ try:
 except ImportError:  # Windows: no flock; dead .part files stay
     fcntl = None
 
-MIRROR_ENV = "IMAGEGEN_DATA_MIRROR"  # base URL holding the official files, used when data.mirror is null
 MAX_DOWNLOAD = 256 << 20             # bytes; every official file is smaller
 MAX_MEMBER = 256 << 20               # bytes; every file in the official CIFAR archives is smaller (the largest,
                                      # CIFAR-100's train, holds 153.6 MB of pixels)
@@ -37,7 +36,7 @@ def _md5(path):
 
 
 def _base_url(official, mirror):
-    base = mirror or os.environ.get(MIRROR_ENV) or official
+    base = mirror or official
     return base if base.endswith("/") else base + "/"
 
 
@@ -142,7 +141,7 @@ def _extract(spec, archive, root):
 
 def download(name, root, mirror=None, splits=("train", "test")):
     """Fetch the official files that the given splits need and that are missing under root,
-    each checked by its md5 before a reader can see it. mirror (or $IMAGEGEN_DATA_MIRROR) replaces
+    each checked by its md5 before a reader can see it. mirror (data.mirror) replaces
     the official base URL; it must hold the files under their official names."""
     catalogue.info(name)
     check_root(root)

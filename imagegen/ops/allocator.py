@@ -9,8 +9,7 @@ def for_device(device):
     pages at every call: glibc's malloc keeps what is freed (`keep_freed_memory`), and torch allocates
     through the C++ kernel's allocator (`build.recycle_freed_blocks`; torch's posix_memalign blocks,
     once freed, were too small for the next tensor of the same size). Without both, large outputs fault in
-    fresh pages at every call (docs/notes/code-measurements.md). IMAGEGEN_KEEP_FREED_MEMORY=0 leaves both as
-    they are. True when both are in place."""
+    fresh pages at every call (docs/notes/code-measurements.md). True when both are in place."""
     if device.type != "cpu" or not keep_freed_memory():
         return False
     return recycle_freed_blocks()

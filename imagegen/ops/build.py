@@ -80,7 +80,7 @@ def _build(device_type, may_compile=True):
         raise KernelUnavailable(f"no C++ compiler: {cxx!r} is not on PATH (set CXX)")
     # no-tree-loop-distribute-patterns: GCC would turn the short row copies into memmove calls
     cflags, ldflags = ["-O3", "-fno-tree-loop-distribute-patterns"], []
-    if device_type == "cpu" and os.environ.get("IMAGEGEN_KERNEL_NATIVE", "1") != "0":
+    if device_type == "cpu":
         # this CPU's vector width (the key names the CPU: see cpu_identity); no clones (see vec.h)
         cflags += ["-march=native", "-DCP_NATIVE"]
     if torch.backends.openmp.is_available():  # at::parallel_for uses OpenMP pragmas in headers

@@ -12,7 +12,6 @@ wrong on this device), so that callers fall back loudly.
 
 Shape letters: N batch, H heads, L length, E query/key dim, M value dim.
 """
-import os
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -48,8 +47,6 @@ def triton_error(device_type, warn=False):
 
 def probe(device_type):
     """Why the kernels cannot be used on device_type, or None: see `triton_error`."""
-    if os.environ.get("IMAGEGEN_DISABLE_TRITON", "") not in ("", "0"):
-        return "disabled by IMAGEGEN_DISABLE_TRITON"
     if device_type == "cuda" and not torch.cuda.is_available():
         return "this torch sees no CUDA GPU"
     if device_type not in DTYPES:

@@ -1,42 +1,18 @@
-"""The sampler's decoding step, token -> parameters, carrying its own state: the per-module loop
-(`PixelTransformer.step`, the reference, run everywhere but CUDA), or on CUDA for linear
-models the same step over static buffers under torch.compile(mode="reduce-overhead"), which
-replays it as one CUDA graph instead of launching every layer's small kernels from Python.
+"""On CUDA, a linear model's decoding step (`PixelTransformer.step`, the reference, which runs everywhere
+else) over static buffers under torch.compile(mode="reduce-overhead"), which replays it as one CUDA graph
+instead of launching every layer's small kernels from Python. The sampling plan (sampling/plan.py,
+`make_step`) chooses it and keeps the compiled steps; the model holds nothing of them.
 
 Tested on the CPU in its eager form against `PixelTransformer.step`; compiled, on a GPU only where
 one is (tests/test_cuda_graph_step.py passed on an H200 once, docs/gpu.md; there the first call,
 which compiles, took over 30 s). If torch declines to graph it, torch.compile logs why and runs it
-compiled without graphs; IMAGEGEN_CUDA_GRAPHS=0 turns it off altogether.
+compiled without graphs.
 Shape letters: N batch, D model dim, P distribution parameters, E head dim.
 """
-import os
-
 import torch
 
 from ..model.transformer import START
 from ..say import say
-from .plan import decoding_state
-
-
-def make_step(model, batch, device, dtype, labels=None):
-    """step(token (N,) long) -> parameters (N, P) for the next position, from a fresh state;
-    labels (N,) for a class-conditional model (None: no label)."""
-    device = torch.device(device)
-    if use_graphs(model, device):
-        if not hasattr(model, "graphed_steps"):       # {(batch, device, dtype): GraphedStep}, compiled once each
-            model.graphed_steps = {}
-        steps, key = model.graphed_steps, (batch, str(device), dtype)
-        if key not in steps:
-            steps[key] = GraphedStep(model, batch, device, dtype)
-        return steps[key].reset(labels)
-    state = decoding_state(model, batch, device, dtype, labels=labels)
-    return lambda token: model.step(token, state)[0]
-
-
-def use_graphs(model, device):
-    """CUDA, every attention linear (a constant-size state), and not turned off by IMAGEGEN_CUDA_GRAPHS=0."""
-    return (device.type == "cuda" and os.environ.get("IMAGEGEN_CUDA_GRAPHS", "1") != "0"
-            and all(b.attn.name == "linear" for b in model.blocks))
 
 
 class GraphedStep:
@@ -66,7 +42,7 @@ class GraphedStep:
                 torch._dynamo.mark_static_address(buffer)
             self.fn = torch.compile(self.eager, mode="reduce-overhead", fullgraph=True, dynamic=False)
             say(f"the sampling step for {batch} images compiles into one CUDA graph on its first call "
-                "(once per process and batch; it took over 30 s on an H200); IMAGEGEN_CUDA_GRAPHS=0 skips it")
+                "(once per process and batch; it took over 30 s on an H200)")
 
     def reset(self, labels=None):
         """Back to position 0 with empty states and these labels' class vectors, in place."""

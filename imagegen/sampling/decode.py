@@ -28,7 +28,6 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
-from .cuda_graph_step import make_step
 from ..config import check_sampling
 from ..errors import UserError
 from ..model.heads import sample as draw
@@ -38,6 +37,7 @@ from ..ops.dense import int8_weights
 from ..precision import keep_out_of_int8
 from ..model.transformer import START
 from ..dtypes import autocast
+from .plan import make_step
 
 SAMPLERS = ("auto", "step", "recompute")
 

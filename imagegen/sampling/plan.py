@@ -1,5 +1,6 @@
 """How a model decodes on this machine, chosen outside the model (which only holds its parameters, its
-forward and its step): `decoding_state` makes the state `PixelTransformer.step` reads with these choices.
+forward and its step): `decoding_state` makes the state `PixelTransformer.step` reads with these choices, and
+`make_step` the sampler's step function, on CUDA a compiled CUDA graph that this plan keeps (GRAPHED).
 
 Which int8 decoding step a linear PixelTransformer runs at a batch: the one-call C++ step (the kernel's
 int8 products, activations quantized per row) or the Python module loop with fbgemm's products (one
@@ -15,6 +16,7 @@ from ..dtypes import INT8
 from ..ops.int8 import forced, forced_product, int8_form
 from ..precision import keep_out_of_int8
 from ..tuning import probe
+from .cuda_graph_step import GraphedStep
 
 STEPS = 3   # decoding steps per timed call
 
@@ -66,3 +68,37 @@ def decoding_state(model, batch, device, dtype=None, labels=None, whole_model_ke
         else nullcontext()
     with products:
         return model.init_state(batch, device, dtype, whole_model_kernel=whole_model_kernel, labels=labels)
+
+
+def make_step(model, batch, device, dtype, labels=None):
+    """step(token (N,) long) -> parameters (N, P) for the next position, from a fresh state;
+    labels (N,) for a class-conditional model (None: no label)."""
+    device = torch.device(device)
+    if use_graphs(model, device):
+        return GRAPHED.get(model, batch, device, dtype).reset(labels)
+    state = decoding_state(model, batch, device, dtype, labels=labels)
+    return lambda token: model.step(token, state)[0]
+
+
+def use_graphs(model, device):
+    """CUDA, and every attention linear (a constant-size state)."""
+    return device.type == "cuda" and all(b.attn.name == "linear" for b in model.blocks)
+
+
+class GraphedSteps:
+    """The CUDA graphs compiled for one model, by (batch, device, dtype): compiling one takes seconds, so
+    sampling the model again replays them. A different model replaces them: one model's graphs are held."""
+
+    def __init__(self):
+        self.model, self.steps = None, {}
+
+    def get(self, model, batch, device, dtype):
+        if model is not self.model:
+            self.model, self.steps = model, {}
+        key = (batch, str(device), dtype)
+        if key not in self.steps:
+            self.steps[key] = GraphedStep(model, batch, device, dtype)
+        return self.steps[key]
+
+
+GRAPHED = GraphedSteps()

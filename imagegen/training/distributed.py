@@ -6,7 +6,6 @@ stop with one sentence instead of waiting forever, and `teardown` ends it while 
 alive. Without torchrun it is a world of one and every call below is a no-op.
 """
 import importlib
-import os
 from datetime import timedelta
 
 import torch
@@ -15,11 +14,9 @@ import torch.distributed as dist
 from ..world import World, from_env
 from .signals import watch_parent
 
-TIMEOUT_S = float(os.environ.get("IMAGEGEN_DIST_TIMEOUT", "300"))   # a collective waiting longer: a rank died
-
-
-def setup(device):
-    """Join the process group when launched by torchrun; returns (World, the device of this rank)."""
+def setup(device, timeout_s=300.0):
+    """Join the process group when launched by torchrun; returns (World, the device of this rank). A collective
+    waiting longer than timeout_s (imagegen-train's dist_timeout_s) stops it: another rank died."""
     world = from_env()
     if not world.distributed:
         return world, device
@@ -36,7 +33,7 @@ def setup(device):
         # a small repro). Imported first, the defaults hold None and teardown joins gloo's threads.
         importlib.import_module("torch.distributed.nn")   # not `import torch.distributed.nn`: that binds a local
                                                            # `torch` and breaks torch.device above on CUDA
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
     return World(world.rank, world.size, world.local_rank, str(device)), device
 
 

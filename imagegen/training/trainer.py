@@ -79,7 +79,7 @@ def prepare_run_dir(cfg):
 def train(cfg, device):
     """Train per cfg (a plain dict), writing last.pt / best.pt / metrics.jsonl in cfg['run_dir'];
     under torchrun, as one rank of the job. Returns the final RunState."""
-    world, device = distributed.setup(device)
+    world, device = distributed.setup(device, cfg["dist_timeout_s"])
     try:
         check_train(cfg, available_bytes(device), dataset_info(cfg["data"]).length)
         if cfg["train"]["batch_size"] % world.size:

@@ -1,7 +1,6 @@
 """glibc malloc tuned for running models on the CPU (imagegen.ops.allocator.for_device, which every
 command and imagegen.load call, sets it up with the kernel's allocator)."""
 import ctypes
-import os
 import sys
 
 
@@ -11,8 +10,8 @@ def keep_freed_memory():
     sequences) back to the system when freed, so each training step faults its pages in and
     zeroes them again; see docs/training.md for the measured effect. Meant for a process that repeats
     one pattern of allocations (training steps): with ever new sizes the heap can only grow.
-    IMAGEGEN_KEEP_FREED_MEMORY=0 leaves malloc as it is. True when the setting was made."""
-    if os.environ.get("IMAGEGEN_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+    True when the setting was made."""
+    if not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt                    # glibc; absent under other C libraries

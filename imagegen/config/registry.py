@@ -1,0 +1,40 @@
+"""The typed configs in Hydra's ConfigStore (`register`) and listed for --help (`describe`, `options`)."""
+from dataclasses import MISSING, fields, is_dataclass
+
+from .schema import ATTENTION_OPTIONS, SCHEMAS
+
+
+def register():
+    """Put every schema in Hydra's ConfigStore as `<name>_schema` (the YAML files' first default), and each
+    attention's options as `attention_options/<attention>` (what conf/model/<name>.yaml puts under
+    model.attention_options, so that its keys are typed and set without a +)."""
+    from hydra.core.config_store import ConfigStore
+    cs = ConfigStore.instance()
+    for name, schema in SCHEMAS.items():
+        cs.store(name=f"{name}_schema", node=schema)
+    for name, options in ATTENTION_OPTIONS.items():   # conf/model/*.yaml: - /attention_options/NAME@attention_options
+        cs.store(group="attention_options", name=name, node=options)
+
+
+def describe(schema, prefix=""):
+    """[(key, type name, help)] of every option of a schema, nested sections flattened (train.lr);
+    sections marked hidden (composed for the presets' sake, never read) are left out."""
+    return [(key, type_name(f.type), f.metadata.get("help", "")) for key, f in options(schema, prefix)]
+
+
+def options(schema, prefix=""):
+    """[(key, dataclass field)] of every option of a schema, as describe lists them."""
+    rows = []
+    for f in fields(schema):
+        if f.metadata.get("hidden"):
+            continue
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if is_dataclass(default):
+            rows += options(type(default), f"{prefix}{f.name}.")
+        else:
+            rows.append((prefix + f.name, f))
+    return rows
+
+
+def type_name(t):
+    return t.__name__ if isinstance(t, type) else str(t).replace("typing.", "")

@@ -15,7 +15,6 @@ from fixtures import Server, hostile_cifar_pickle, idx_bytes, leftovers, officia
     refused_by_checksum, write_cifar, write_cifar100, write_mnist
 from imagegen.data.catalogue import CIFAR10_CLASSES
 from imagegen.data.cifar import read_cifar_batch
-from imagegen.data.download import MIRROR_ENV
 from imagegen.data.official import OFFICIAL
 from imagegen.data.sets import dataset_info, load_from_config
 from imagegen.data.splits import load_split
@@ -170,9 +169,8 @@ def server(files, monkeypatch):
     s.close()
 
 
-def test_fashion_mnist_download_through_the_mirror(server, files, tmp_path, monkeypatch):
-    monkeypatch.setenv(MIRROR_ENV, server.url)
-    x, y = load_split("fashion_mnist", tmp_path, "test", download_missing=True)
+def test_fashion_mnist_download_through_the_mirror(server, files, tmp_path):
+    x, y = load_split("fashion_mnist", tmp_path, "test", download_missing=True, mirror=server.url)
     assert np.array_equal(x.numpy(), files[1]["t10k"][0].reshape(-1, 784))
     assert np.array_equal(y.numpy(), files[1]["t10k"][1])
     assert leftovers(tmp_path) == [f"{FASHION}/t10k-images-idx3-ubyte.gz", f"{FASHION}/t10k-labels-idx1-ubyte.gz"]

@@ -1,4 +1,4 @@
-"""The optimizer a run trains with (train.optimizer), and the schedule's factor for each of its groups.
+"""The optimizer a run trains with (train.optimizer); the trainer scales each of its groups' peak by one schedule.
 
 adamw, adam, radam: torch's, over every parameter. muon: torch.optim.Muon over the blocks' matrices
 (attention and feed-forward weights, 2-D) and AdamW over the rest (embeddings, biases, LayerNorm, the

@@ -185,8 +185,8 @@ def test_threads_help_says_what_0_does_for_each_command(name):
 def test_help_shows_the_values_of_the_preset_on_the_command_line():
     plain = call("imagegen-train", "--help").stdout
     preset = call("imagegen-train", "preset=cpu_mnist", "--help").stdout
-    assert "  train.ema: float = 0.0\n" in plain and "  model.num_classes: int = 0\n" in plain
-    assert "  train.ema: float = 0.999\n" in preset and "  model.num_classes: int = 10\n" in preset
+    assert "  train.lr: float = 0.002\n" in plain and "  model.num_classes: int = 0\n" in plain
+    assert "  train.lr: float = 0.008\n" in preset and "  model.num_classes: int = 10\n" in preset
     assert "default with preset=cpu_mnist" in preset
     one_line_error(call("imagegen-train", "preset=nope", "--help"), "unknown preset 'nope'")
 

@@ -418,3 +418,14 @@ def assert_shipped_files_small(name, max_mb):
         assert path.is_file(), f"{path} is missing"
         assert path.stat().st_size <= max_mb * 2 ** 20, f"{path} is over {max_mb} MB"
     assert name in shipped.names()
+
+
+def assert_same_training(a, b):
+    """The runs in folders a and b end at the same step with bit-identical weights and optimizer moments."""
+    ca, cb = (torch.load(d / "last.pt", weights_only=True) for d in (a, b))
+    assert ca["state"]["step"] == cb["state"]["step"]
+    for name, t in ca["model"].items():
+        assert torch.equal(t, cb["model"][name]), name
+    for (i, sa), (_, sb) in zip(ca["optimizer"]["state"].items(), cb["optimizer"]["state"].items()):
+        for key in sa:
+            assert torch.equal(torch.as_tensor(sa[key]), torch.as_tensor(sb[key])), (i, key)

@@ -10,20 +10,10 @@ import pytest
 import torch
 
 from commands import TRAIN, call, logged_steps, one_line_error, run, start, wait_for_step
-from fixtures import tiny_checkpoint
+from fixtures import assert_same_training, tiny_checkpoint
 
 def saved_step(run_dir):
     return torch.load(run_dir / "last.pt", weights_only=True)["state"]["step"]
-
-
-def assert_same_training(a, b):
-    ca, cb = (torch.load(d / "last.pt", weights_only=True) for d in (a, b))
-    assert ca["state"]["step"] == cb["state"]["step"]
-    for name, t in ca["model"].items():
-        assert torch.equal(t, cb["model"][name]), name
-    for (i, sa), (_, sb) in zip(ca["optimizer"]["state"].items(), cb["optimizer"]["state"].items()):
-        for key in sa:
-            assert torch.equal(torch.as_tensor(sa[key]), torch.as_tensor(sb[key])), (i, key)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from commands import TRAIN, call, one_line_error, run
-from fixtures import tiny_model
+from fixtures import assert_same_training, tiny_model
 from imagegen.benchmarks import speedrun
 from imagegen.training.optim import Muon, MuonAdamW, is_hidden_matrix, make_optimizer
 from imagegen.training.trainer import lr_factor, zero_output_projections
@@ -129,13 +129,9 @@ def test_imagegen_train_stops_at_the_target_and_resumes_muon_exactly(mnist_root,
     run("imagegen-train", *muon, f"run_dir={tmp_path / 'ref'}", "train.max_steps=8")
     run("imagegen-train", *muon, f"run_dir={tmp_path / 'cut'}", "train.max_steps=4")
     run("imagegen-train", *muon, f"run_dir={tmp_path / 'cut'}", "train.max_steps=8")
-    a, b = (torch.load(tmp_path / d / "last.pt", weights_only=True) for d in ("ref", "cut"))
-    assert a["state"]["step"] == b["state"]["step"] == 8
-    for name, t in a["model"].items():
-        assert torch.equal(t, b["model"][name]), name
-    for i, s in a["optimizer"]["state"].items():
-        for key, value in s.items():
-            assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][i][key])), (i, key)
+    assert_same_training(tmp_path / "ref", tmp_path / "cut")
+    a = torch.load(tmp_path / "ref" / "last.pt", weights_only=True)
+    assert a["state"]["step"] == 8
     assert any("momentum_buffer" in s for s in a["optimizer"]["state"].values())      # Muon's state resumed too
 
     proc = run("imagegen-train", *TRAIN, f"data.root={mnist_root}", f"run_dir={tmp_path / 'tgt'}",

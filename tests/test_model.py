@@ -23,6 +23,34 @@ def test_model_step_matches_forward(attention, channels):
     assert torch.allclose(torch.stack(steps, 1), model(x), atol=1e-4)
 
 
+def test_relu2_model_steps_as_its_forward_in_the_module_loop_and_is_checked():
+    """model.activation=relu2: the feed-forward is relu(x)^2 in the forward and the step alike (float64), the
+    step runs the module loop (the one-call C++ step computes GELU), and the browser page and a bad name are
+    refused in one sentence."""
+    from imagegen.config.checks import check_model
+    from imagegen.config.schema import ModelConfig
+    from imagegen.web.site import page_config
+    from dataclasses import asdict
+    torch.manual_seed(0)
+    model = PixelTransformer(12, 1, 4, "linear", n_layers=2, d_model=32, n_heads=4, d_ff=64, head="categorical",
+                             activation="relu2").double().eval()
+    h = torch.randn(3, 32, dtype=torch.float64)
+    assert torch.equal(model.blocks[0].ff[1](h), torch.relu(h) ** 2)
+    x = torch.randint(0, 256, (2, 12), dtype=torch.uint8)
+    state = model.init_state(2, "cpu")
+    assert state.kernel is None
+    token, steps = torch.full((2,), 256), []
+    with torch.no_grad():
+        for t in range(12):
+            steps.append(model.step(token, state)[0])
+            token = x[:, t].long()
+        torch.testing.assert_close(torch.stack(steps, 1), model(x), rtol=1e-10, atol=1e-10)
+    with pytest.raises(UserError, match="runs gelu only"):
+        page_config(model, "mnist")
+    with pytest.raises(UserError, match="model.activation must be one of gelu, relu2, got 'swish'"):
+        check_model({**asdict(ModelConfig()), "activation": "swish"})
+
+
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
 @pytest.mark.parametrize("kernel", [True, False], ids=["one-call", "module-loop"])
 def test_context_model_step_matches_forward_and_reads_its_neighbours(attention, kernel):

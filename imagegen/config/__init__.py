@@ -3,14 +3,14 @@ Hydra) and the checks of a composed config (checks.py). This face only re-export
 from .checks import (MAX_SEED, attention_options, check_classes, check_device, check_eval, check_model,
                      check_sample, check_sampling, check_threads, check_train, class_numbers, fits, fraction,
                      full_attention_options, positive, shown, unknown_option, whole)
-from .schema import (ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,
+from .schema import (ACTIVATIONS, ATTENTION_OPTIONS, SCHEMAS, BenchConfig, CheckpointCommand, ConvertConfig,
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,
                      PackConfig, PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions,
                      UnpackConfig, opt)
 from .registry import describe, options, register, type_name
 
-__all__ = ["attention_options", "ATTENTION_OPTIONS", "BenchConfig", "check_classes", "check_device", "check_eval",
-           "check_model", "check_sample", "check_sampling", "check_threads", "check_train", "CheckpointCommand",
+__all__ = ["ACTIVATIONS", "attention_options", "ATTENTION_OPTIONS", "BenchConfig", "check_classes", "check_device",
+           "check_eval", "check_model", "check_sample", "check_sampling", "check_threads", "check_train", "CheckpointCommand",
            "class_numbers", "ConvertConfig", "DataConfig", "DataOverride", "describe", "EvalConfig", "ExportConfig",
            "fits", "fraction", "full_attention_options", "LinearOptions", "LSHOptions", "MAX_SEED", "ModelConfig",
            "opt", "options", "PackConfig", "PlotConfig", "positive", "PrepareConfig", "register", "SampleConfig",

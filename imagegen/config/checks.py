@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import UserError
 from .registry import type_name
-from .schema import ATTENTION_OPTIONS
+from .schema import ACTIVATIONS, ATTENTION_OPTIONS
 
 
 def attention_options(attention, options, schema=None):
@@ -117,6 +117,8 @@ def check_model(m, memory_bytes=None, prefix="model.", length=None):
     if m["d_model"] % m["n_heads"]:
         raise UserError(f"{prefix}d_model={m['d_model']} is not a multiple of {prefix}n_heads={m['n_heads']}; "
                         f"pick values that divide.")
+    if m.get("activation", "gelu") not in ACTIVATIONS:
+        raise UserError(f"{prefix}activation must be one of {', '.join(ACTIVATIONS)}, got {m['activation']!r}.")
     context = list(m.get("context") or [])
     if any(not isinstance(o, int) or o < 2 for o in context) or len(set(context)) < len(context):
         raise UserError(f"{prefix}context must list distinct sub-pixel distances >= 2 (1 is the input byte itself), "

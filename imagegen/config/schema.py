@@ -50,6 +50,7 @@ class SoftmaxOptions:
 
 # each attention's options, by its name (model.attention); the attention classes hold them as `Options`
 ATTENTION_OPTIONS = {"linear": LinearOptions, "lsh": LSHOptions, "softmax": SoftmaxOptions}
+ACTIVATIONS = ("gelu", "relu2")                 # model.activation's names (model/transformer.py builds them)
 
 
 @dataclass
@@ -62,6 +63,8 @@ class ModelConfig:
     d_model: int = opt(128, "width of the residual stream (a multiple of n_heads)")
     n_heads: int = opt(4, "attention heads per layer")
     d_ff: int = opt(512, "hidden width of each block's feed-forward layer")
+    activation: str = opt("gelu", "the feed-forward's nonlinearity: gelu, or relu2 (relu squared); the sampler's "
+                                  "one-call C++ step and the browser page run gelu only")
     head: str = opt("categorical", "output distribution: categorical (256-way) or mixture (discretized logistics)")
     n_mixtures: int = opt(10, "logistic components of the mixture head")
     dropout: float = opt(0.0, "dropout rate in the blocks (0 to 1)")

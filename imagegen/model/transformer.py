@@ -3,7 +3,7 @@
 Input  x (N, D) uint8. The model reads [START, x_0, ..., x_{D-2}] and predicts x_0..x_{D-1},
 so every one of the D sub-pixels is scored. Embedding = byte + row + column + channel, so
 "the same column one row up" is one learned relation rather than 28 separate ones.
-Pre-LayerNorm blocks with a GELU feed-forward; the attention comes from the
+Pre-LayerNorm blocks with a GELU (or ReLU²: `activation`) feed-forward; the attention comes from the
 registry by name. The head maps each position to P distribution parameters.
 Class-conditional models (num_classes C > 0) add a learned class vector to the input at every
 position, START included (a per-image bias: one token read only at the start would fade as 1/t in
@@ -63,13 +63,23 @@ class DecodingState:
     positions: torch.Tensor = None        # (length, D): every position's embedding, made once (`positions`)
 
 
+class ReLU2(nn.Module):
+    """relu(x)^2 (modded-nanogpt's feed-forward nonlinearity)."""
+
+    def forward(self, x):
+        return F.relu(x).square()
+
+
+ACTIVATION = {"gelu": nn.GELU, "relu2": ReLU2}           # config.ACTIVATIONS' names
+
+
 class Block(nn.Module):
-    def __init__(self, attention, d_model, n_heads, d_ff, dropout, attention_options):
+    def __init__(self, attention, d_model, n_heads, d_ff, dropout, attention_options, activation="gelu"):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = make_attention(attention, d_model, n_heads, **attention_options)
         self.ln2 = nn.LayerNorm(d_model)
-        self.ff = nn.Sequential(Dense(d_model, d_ff), nn.GELU(), Dense(d_ff, d_model))
+        self.ff = nn.Sequential(Dense(d_model, d_ff), ACTIVATION[activation](), Dense(d_ff, d_model))
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x):                                    # (N, L, D)
@@ -92,14 +102,16 @@ class PixelTransformer(nn.Module):
     """Args: length (D sub-pixels), channels (1 or 3), width (pixels per row), attention (registry name),
     n_layers, d_model, n_heads, d_ff, head ('mixture' or 'categorical'), n_mixtures,
     dropout, attention_options (dict passed to the attention class), num_classes (0: unconditional),
-    context (sub-pixel distances >= 2 whose bytes each add an embedding of their own; () none)."""
+    context (sub-pixel distances >= 2 whose bytes each add an embedding of their own; () none),
+    activation (the feed-forward's: gelu or relu2)."""
 
     def __init__(self, length, channels, width, attention=DEFAULT.attention, n_layers=DEFAULT.n_layers,
                  d_model=DEFAULT.d_model, n_heads=DEFAULT.n_heads, d_ff=DEFAULT.d_ff, head=DEFAULT.head,
                  n_mixtures=DEFAULT.n_mixtures, dropout=DEFAULT.dropout, attention_options=None,
-                 num_classes=DEFAULT.num_classes, context=()):
+                 num_classes=DEFAULT.num_classes, context=(), activation=DEFAULT.activation):
         super().__init__()
         self.length, self.channels, self.width, self.num_classes = length, channels, width, num_classes
+        self.activation = activation
         self.head = make_head(head, n_mixtures)
         self.tok = nn.Embedding(257, d_model)
         self.context = tuple(context or ())
@@ -107,8 +119,8 @@ class PixelTransformer(nn.Module):
         self.row = nn.Embedding(length // (channels * width), d_model)
         self.col = nn.Embedding(width, d_model)
         self.chan = nn.Embedding(channels, d_model)
-        self.blocks = nn.ModuleList(Block(attention, d_model, n_heads, d_ff, dropout, dict(attention_options or {}))
-                                    for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(attention, d_model, n_heads, d_ff, dropout, dict(attention_options or {}),
+                                          activation) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.proj = Dense(d_model, self.head.n_params)
         embeddings = [self.tok, self.row, self.col, self.chan, *self.ctx]
@@ -183,7 +195,7 @@ class PixelTransformer(nn.Module):
         """Decoding state for `step`; dtype: that of the blocks' matrix products (None: the
         parameters'; bfloat16 for float32 parameters converts their weights once, here). When every
         layer steps through the fused CPU kernel (linear attention, ungated, with elu, relu or favor
-        features: `LinearAttention.step_form`), the whole step runs as one C++ call unless
+        features: `LinearAttention.step_form`) and the feed-forward is GELU, the whole step runs as one C++ call unless
         whole_model_kernel=False. labels (N,) as in `forward`, fixed for the state.
         dtype dtypes.INT8 (int8 products, quantized here once): every Dense product in int8 (`ops.dense`) but
         those `Dense.int8_keeps` (the head, the first block's feed-forward input; evaluation's int8 keeps the
@@ -203,7 +215,7 @@ class PixelTransformer(nn.Module):
         # one map it computes
         maps = [b.attn.step_form(s.attn.S.dtype) if getattr(s.attn, "form", None) in ("fused", "mapped") else None
                 for b, s in zip(self.blocks, layers)]
-        if whole_model_kernel and kernel_form and all(maps) and len({name for name, _ in maps}) == 1:
+        if whole_model_kernel and kernel_form and self.activation == "gelu" and all(maps) and len({name for name, _ in maps}) == 1:
             state.kernel = self.kernel_weights(layers, maps)
         return state
 
@@ -243,7 +255,7 @@ class PixelTransformer(nn.Module):
 def build_model(model_cfg, info):
     """Model from the `model` config section (a dict) and a DatasetInfo."""
     keys = ("attention", "n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "dropout",
-            "attention_options", "num_classes", "context")
+            "attention_options", "num_classes", "context", "activation")
     return PixelTransformer(info.length, info.channels, info.width, **{k: model_cfg[k] for k in keys if k in model_cfg})
 
 

@@ -59,6 +59,9 @@ def page_config(model, dataset, guidance=1.0):
         raise UserError(f"this checkpoint's linear attention uses feature_map={attn.feature_map.name}, "
                         f"gate={attn.gate}, but the browser sampler runs only elu + 1 without a gate; sample it "
                         f"with imagegen-sample, or export a checkpoint trained with the default feature map.")
+    if model.activation != "gelu":
+        raise UserError(f"this checkpoint's feed-forward uses activation={model.activation}, but the browser sampler "
+                        f"runs gelu only; sample it with imagegen-sample, or export a checkpoint trained with gelu.")
     info = dataset_info(dataset)
     return {"dataset": info.name, "height": info.height, "width": info.width, "channels": info.channels,
             "length": info.length, "n_layers": len(model.blocks), "d_model": attn.d_model, "n_heads": attn.n_heads,

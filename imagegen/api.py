@@ -55,7 +55,7 @@ from .bits_per_dim import LN2, total_nll
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["Labels", "Model", "Plan", "load"]
+__all__ = ["Labels", "Model", "Plan", "load", "use_device"]
 
 Labels = Union[int, str, Sequence[Union[int, str]], None]   # one class (number or name) for all images, or one each
 
@@ -78,15 +78,27 @@ def load(name_or_path: str | Path = shipped.DEFAULT, device: str | torch.device 
         The loaded Model.
     """
     check_sampling(threads=threads)
-    device = check_device(device)
+    device = use_device(device, threads=None)      # the threads: the Model's own (it looks again later)
     if not build_kernel:
         prebuilt_only()
     path = shipped.resolve(name_or_path)
     ck = checkpoint.load(path)
     model = Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck, threads=threads, path=path)
-    for_device(model.device)       # as every command: no page faults per call on the CPU
     model._fit_threads(force=True)
     return model
+
+
+def use_device(device: str | torch.device = "cpu", threads: int | None = 0) -> torch.device:
+    """The torch device `device` names (config.check_device), with this process set up to run models there,
+    as load and every command (commands/cli.resolve_device) set it up: on the CPU glibc's malloc keeps freed
+    memory (ops.allocator.for_device: no page faults per call) and torch's thread count is fitted to the
+    cores free now (threads=0) or set to threads=N, at most the cores; threads=None leaves it alone."""
+    check_sampling(threads=threads)
+    device = check_device(device)
+    for_device(device)
+    if threads is not None and (device.type == "cpu" or threads):
+        _threads.fit_threads(int(threads))
+    return device
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ if TYPE_CHECKING:
 __all__ = ["load"]
 
 
-def load(name_or_path: str = "mnist-linear", device: str | torch.device = "cpu", threads: int | None = 0) -> Model:
+def load(name_or_path: str = "mnist-linear", device: str | torch.device = "cpu", threads: int | None = 0,
+         build_kernel: bool = True) -> Model:
     """A trained model (a shipped name, a .safetensors or a .pt file); see imagegen.api.load and Model.
     threads (CPU): 0 fits torch's thread count to the cores free now, N sets N (at most the cores),
-    None leaves it."""
+    None leaves it; build_kernel=False: never wait for the C++ kernel's first compile."""
     from .api import load as _load          # torch is imported on first use, not by `import imagegen`
-    return _load(name_or_path, device, threads)
+    return _load(name_or_path, device, threads, build_kernel)

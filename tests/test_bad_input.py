@@ -84,8 +84,8 @@ def test_sample_size_check_counts_a_row_per_class(tmp_path):
 
 
 def test_sample_says_labels_auto_draws_a_row_per_class(tmp_path, monkeypatch):
-    from imagegen.commands import sample
-    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: torch.zeros(n, 784, dtype=torch.uint8))
+    from imagegen import api
+    monkeypatch.setattr(api, "generate", lambda model, n, **kw: torch.zeros(n, 784, dtype=torch.uint8))
     proc = call("imagegen-sample", "num_images=2", "threads=1", "scale=1", f"out={tmp_path / 'x.png'}")
     assert proc.returncode == 0, proc.stderr
     line = ("labels=auto: a row of nrow=8 images for each of the 10 classes (80 in all, not num_images); for "
@@ -99,13 +99,14 @@ def test_sample_says_labels_auto_draws_a_row_per_class(tmp_path, monkeypatch):
     (["label=12"], "label holds 12, which is not a class of this model; use class numbers 0..9"),
 ])
 def test_sample_names_the_bad_class_before_any_work(tmp_path, monkeypatch, args, pattern):
-    """Refused right after the checkpoint is read: no model built, nothing printed before (the thread
+    """Refused right after the model is read: nothing decided or sampled, nothing printed before (the thread
     probe's line was)."""
-    from imagegen.store import checkpoint
+    from imagegen import api
 
-    def no_model(*a, **kw):
-        raise AssertionError("the model was built before the labels were checked")
-    monkeypatch.setattr(checkpoint, "model_from_checkpoint", no_model)
+    def no_work(*a, **kw):
+        raise AssertionError("precision or samples were worked out before the labels were checked")
+    monkeypatch.setattr(api, "decide_precision", no_work)
+    monkeypatch.setattr(api, "generate", no_work)
     proc = call("imagegen-sample", *args, f"out={tmp_path / 'x.png'}")
     one_line_error(proc, pattern)
     assert proc.stdout == ""
@@ -232,10 +233,10 @@ def test_guidance_up_to_the_largest_is_taken():
 
 def test_sample_runs_at_the_batch_it_draws(tmp_path, monkeypatch):
     """num_images=2 batch_size=1000000000: precision=auto timed products at batch 10^9 (512 GB, a traceback)."""
-    from imagegen.commands import sample
+    from imagegen import api
     asked = {}
-    monkeypatch.setattr(sample, "decide_precision", lambda s, d, **kw: asked.update(kw) or Choice(torch.float32))
-    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: asked.update(batch_size=kw["batch_size"])
+    monkeypatch.setattr(api, "decide_precision", lambda s, d, **kw: asked.update(kw) or Choice(torch.float32))
+    monkeypatch.setattr(api, "generate", lambda model, n, **kw: asked.update(batch_size=kw["batch_size"])
                         or torch.zeros(n, 784, dtype=torch.uint8))
     proc = call("imagegen-sample", "num_images=2", "batch_size=1000000000", "labels=none", "threads=1", "scale=1",
                 f"out={tmp_path / 'x.png'}")
@@ -247,9 +248,9 @@ def test_batches_past_the_memory_are_one_sentence_before_any_work(tmp_path, monk
     """A batch that cannot fit: sampling, scoring (imagegen-eval, the API's bits_per_dim) and training
     each refuse it in one sentence (100 MB free here)."""
     from imagegen import memory
-    from imagegen.commands import sample
+    from imagegen import api
     monkeypatch.setattr(memory, "available_bytes", lambda device: 100 * 2**20)
-    monkeypatch.setattr(sample, "generate", lambda *a, **kw: pytest.fail("sampled"))
+    monkeypatch.setattr(api, "generate", lambda *a, **kw: pytest.fail("sampled"))
     proc = call("imagegen-sample", "num_images=2000", "batch_size=5000", "labels=none", "precision=float32", "scale=1",
                 f"out={tmp_path / 'x.png'}")
     one_line_error(proc, "batch_size=5000 (2000 images at once) would need about")

@@ -47,13 +47,13 @@ def test_sample_says_its_thread_count_once_in_short_lines(tmp_path, monkeypatch,
     """With one core free, fit_threads said "1 thread, as 0 of 2 cores are free" and the sampler then said
     "1 thread" again; the summary after was one line of 300 characters."""
     from commands import call
-    from imagegen.commands import sample
+    from imagegen import api
     from imagegen.tuning import threads as fit
     monkeypatch.setattr(fit, "free_cores", lambda: 0)            # the other core busy
     monkeypatch.setattr(fit, "DEFAULT", 2)
     monkeypatch.setattr(fit, "_said", set())
-    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: torch.zeros(n, 784, dtype=torch.uint8))
-    monkeypatch.setattr(sample, "decide_precision", lambda *a, **kw: Choice(torch.float32, "a long reason " * 20))
+    monkeypatch.setattr(api, "generate", lambda model, n, **kw: torch.zeros(n, 784, dtype=torch.uint8))
+    monkeypatch.setattr(api, "decide_precision", lambda *a, **kw: Choice(torch.float32, "a long reason " * 20))
     proc = call("imagegen-sample", "nrow=2", "progress=false", f"out={tmp_path / 'x.png'}")
     assert proc.returncode == 0, proc.stderr
     lines = (proc.stdout + proc.stderr).splitlines()

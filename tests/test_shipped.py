@@ -100,7 +100,7 @@ def test_names_resolve_to_shipped_models_and_outputs_stay_out_of_the_package(run
     convert(convert_cfg(path, package / "tiny-digits", mnist_root, check_images=0), torch.device("cpu"))
     monkeypatch.setattr(shipped, "SHIPPED", package)
     # a process-wide switch: not in the test run
-    monkeypatch.setattr("imagegen.commands.sample.prebuilt_only", lambda: None)
+    monkeypatch.setattr("imagegen.api.prebuilt_only", lambda: None)
     monkeypatch.chdir(tmp_path)
     assert shipped.names() == ["tiny-digits"] and shipped.resolve("tiny-digits") == package / "tiny-digits.safetensors"
     with pytest.raises(UserError, match="shipped model .tiny-digits"):

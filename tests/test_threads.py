@@ -226,10 +226,10 @@ def test_every_command_and_the_api_cap_threads(monkeypatch, tmp_path):
     """The cap sits where every command (commands/cli.resolve_device) and load(threads=N) set the count."""
     import imagegen
     from commands import call
-    from imagegen.commands import sample
+    from imagegen import api
     monkeypatch.setattr(threads, "cores", lambda: 1)
     seen = []
-    monkeypatch.setattr(sample, "generate", lambda model, n, **kw: seen.append(torch.get_num_threads())
+    monkeypatch.setattr(api, "generate", lambda model, n, **kw: seen.append(torch.get_num_threads())
                         or torch.zeros(n, 784, dtype=torch.uint8))
     proc = call("imagegen-sample", "threads=10000", "num_images=1", "labels=none", "scale=1",
                 f"out={tmp_path / 'x.png'}")

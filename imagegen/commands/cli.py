@@ -319,14 +319,8 @@ def hydra_entry(config_name, task):
 
 
 def resolve_device(name="auto", threads=0):
-    """The torch device `name` asks for (config.check_device, as the Python API's load); on the CPU, malloc
-    set to keep freed memory (imagegen.ops.allocator.for_device) and torch's thread count fitted to the cores
-    free now (threads=0) or set to threads=N, at most the cores (imagegen.tuning.threads.fit_threads)."""
-    from ..ops.allocator import for_device
-    config.check_threads(threads)
-    device = config.check_device(name)
-    for_device(device)                 # malloc keeps freed memory: no page faults per call on the CPU
-    if device.type == "cpu" or threads:
-        from ..tuning.threads import fit_threads
-        fit_threads(int(threads))
-    return device
+    """The torch device `name` asks for, set up as the Python API sets it up (imagegen.api.use_device: on the
+    CPU, malloc set to keep freed memory and torch's thread count fitted to the cores free now (threads=0) or
+    set to threads=N, at most the cores)."""
+    from ..api import use_device       # torch and the model's code: imported once a command runs, not for --help
+    return use_device(name, threads)

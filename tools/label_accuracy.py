@@ -10,9 +10,10 @@ guidance 1; streaks and speckles raise it).
         [--precision float32|int8|auto]
 
 Writes bench/label_accuracy.{json,md}, both naming the judge and its test accuracy. The judge is not
-part of imagegen. For CIFAR-10 models it is by default the shipped colour judge
-(checkpoints/judges/cifar10, tools.judge: an airbench-style CNN, each image read with
-its mirror image). Otherwise, or with `--judge small`, it is a small CNN trained here on the model's
+part of imagegen. For CIFAR-10 and MNIST models it is by default the data set's shipped judge
+(tools.judge's airbench-style CNNs: checkpoints/judges/cifar10, the colour judge, each image read with
+its mirror image; checkpoints/judges/mnist, the digit judge, trained on all 60,000 training digits, never
+mirrored). Otherwise, or with `--judge small`, it is a small CNN trained here on the model's
 own training files: two 3x3 convolutions with max-pooling and a linear layer (the classic small MNIST
 CNN, colour input for CIFAR-10), Adam, seeded, `--epochs`. `--judge FILE`: a judge written by
 tools.judge (FILE.safetensors with its .json), or the small CNN's weights: read when
@@ -110,11 +111,14 @@ def judge(args, train, info, data_name):
         net, description = small_judge(args, train, info)
         return (lambda seqs: class_probs(net, seqs, info)), description
     net, meta = judges.load(path)
-    if (info.channels, info.height, info.width, info.num_classes) != (3, 32, 32, net.classes):
-        raise UserError(f"the judge {path} reads 32x32 colour images of {net.classes} classes, not this model's "
-                        f"{info.height}x{info.width}x{info.channels} of {info.num_classes}; pass --judge small.")
+    shape = (net.info.height, net.info.width, net.info.channels, net.classes)
+    if (info.height, info.width, info.channels, info.num_classes) != shape:
+        raise UserError(f"the judge {path} reads {shape[0]}x{shape[1]}x{shape[2]} images of {shape[3]} classes, not "
+                        f"this model's {info.height}x{info.width}x{info.channels} of {info.num_classes}; "
+                        f"pass --judge small.")
+    read = "each image read with its mirror" if net.mirror else "no mirror"
     return (lambda seqs: judges.class_probs(net, seqs)), (
-        f"{path.name} (tools.judge, widths {net.widths}, each image read with its mirror; "
+        f"{path.name} (tools.judge, widths {net.widths}, {read}; "
         f"{meta['record'].get('test_accuracy', float('nan')):.4f} when trained)")
 
 
@@ -134,7 +138,7 @@ def main(argv=None):
                    help="the judge (its test accuracy is always measured again): a .safetensors that "
                         "tools.judge wrote; 'small' to train the small CNN; another FILE: the small "
                         "CNN's weights, read when it exists, else written after training (default: the shipped "
-                        "judge for CIFAR-10 models, else the small CNN trained anew)")
+                        "judge for CIFAR-10 and MNIST models, else the small CNN trained anew)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

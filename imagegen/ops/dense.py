@@ -118,6 +118,12 @@ def int8_product(module):
     return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
 
 
+def forward_int8_product():
+    """The int8 product `int8_weights` gives a forward here, decided before it runs (`int8_product` reads it
+    back from the weights): "per row" (the kernel's) wherever the kernel builds, else "per call" (fbgemm's)."""
+    return "per row" if takes_kernel(always=True) else "per call"
+
+
 @contextlib.contextmanager
 def int8_weights(module):
     """Inside: every Dense of `module` runs its forward through int8 weights (`Dense.cast`, made once

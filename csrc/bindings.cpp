@@ -30,22 +30,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("out"), pybind11::arg("inv"), pybind11::arg("grad_out"), pybind11::arg("grad_q"),
         pybind11::arg("grad_k"), pybind11::arg("grad_v"), pybind11::arg("mapped") = false,
         "attention_backward(q, k, v, out, inv, grad_out, grad_q, grad_k, grad_v, mapped=False): writes the gradients");
-  m.def("decode_linear", &decode_linear,
-        "decode_linear(x, W, b) -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed in float32; "
-        "float32 W (O / P, K, P) in panels of P = decode_panel_width() columns)");
+  m.def("decode_linear", &decode_linear, pybind11::arg("x"), pybind11::arg("W"), pybind11::arg("b"),
+        pybind11::arg("int8_form") = "auto",
+        "decode_linear(x, W, b, int8_form='auto') -> b + x W in W's dtype (bfloat16 W, few rows: widened and summed "
+        "in float32; float32 W (O / P, K, P) in panels of P = decode_panel_width() columns; int8 W in its step form: "
+        "float32, in int8_form: auto (the best here), vnni, avx2 or portable)");
   m.def("decode_linear_int8", &decode_linear_int8, pybind11::arg("x"), pybind11::arg("Wq"), pybind11::arg("scales"),
         pybind11::arg("colsums"), pybind11::arg("b"), pybind11::arg("form") = "auto",
         "decode_linear_int8(x, Wq, scales, colsums, b, form='auto') -> (N, O) float32: b + x W, x quantized per row "
         "to 8 bits, W packed by imagegen.ops.int8.pack_int8; form: auto, vnni, avx2 or portable");
-  m.def("decode_int8_form", &decode_int8_form,
-        "the form of decode_linear_int8 that auto takes here: IMAGEGEN_INT8_FORM, else the best this CPU runs");
+  m.def("decode_int8_form", &decode_int8_form, pybind11::arg("form") = "auto",
+        "decode_int8_form(form='auto') -> the form of decode_linear_int8 that `form` names here (auto: the best this "
+        "CPU runs); a form this CPU cannot run raises");
   m.def("decode_int8_forms", &decode_int8_forms, "the forms of decode_linear_int8 this CPU runs, best first");
   m.def("decode_panel_width", &decode_panel_width, "the columns per panel of decode_linear's float32 panels");
   m.def("decode_step", &decode_step_cpu, pybind11::arg("h"), pybind11::arg("layers"), pybind11::arg("head"),
         pybind11::arg("n_heads"), pybind11::arg("ln_eps"), pybind11::arg("eps"), pybind11::arg("features") = "elu",
-        "decode_step(h, layers, head, n_heads, ln_eps, eps, features='elu') -> params: one position of a linear "
-        "PixelTransformer; layers: per block the tensors named by decode_layer_weights, head: those named by "
-        "decode_head_weights; features: the blocks' feature map (elu, relu or favor)");
+        pybind11::arg("int8_form") = "auto",
+        "decode_step(h, layers, head, n_heads, ln_eps, eps, features='elu', int8_form='auto') -> params: one position "
+        "of a linear PixelTransformer; layers: per block the tensors named by decode_layer_weights, head: those named "
+        "by decode_head_weights; features: the blocks' feature map (elu, relu or favor); int8_form: as decode_linear's");
   m.def("mixture_probs", &mixture_probs,
         "mixture_probs(params) -> p (N, 256): the discretized logistic mixture of params (N, 3K) float32, as "
         "imagegen.model.heads.LogisticMixture.probs");

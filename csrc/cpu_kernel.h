@@ -81,25 +81,29 @@ struct DecodeHead {
 #undef DECODE_NAME_ITEM
 static_assert(std::size(DecodeLayer::names) == DecodeLayer::count && std::size(DecodeHead::names) == DecodeHead::count);
 
-at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b);
+// int8_form: the form of int8_linear.cpp's product for int8 weights in its step form ("auto": the best here)
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b,
+                         const std::string& int8_form = "auto");
 int64_t decode_panel_width();
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps,
-                           const std::string& features = "elu");
+                           const std::string& features = "elu", const std::string& int8_form = "auto");
 // torch's exact GELU of x in place (float32: gelu.h's vector form, within 2.6e-7 of it) -> x
 at::Tensor gelu_in_place(at::Tensor x);
 
 // ---- int8_linear.cpp
 // b + x W for a few float32 rows x (N, K) and W packed by imagegen.ops.int8.pack_int8: Wq int8
 // (ceil(O / 64), ceil(K / 4), 64, 4), scales (O) float32, colsums (O) int32; form "auto" (the best
-// this CPU runs, or IMAGEGEN_INT8_FORM), or "vnni", "avx2", "portable" (the tests compare them).
+// this CPU runs), or "vnni", "avx2", "portable" (the tests compare them; a lesser form stands in for a lesser CPU).
 at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& scales,
                               const at::Tensor& colsums, const at::Tensor& b, const std::string& form);
-std::string decode_int8_form();                  // the form "auto" takes here
+std::string decode_int8_form(const std::string& form = "auto");   // the form `form` names here, checked
 std::vector<std::string> decode_int8_forms();    // the forms this CPU runs, best first
+// a form's name ("auto": the best here) -> its code for decode_linear_int8_step; `what` names the argument in errors
+int int8_form_code(const std::string& form, const char* what);
 // the same product in decode_step's form: extra float32 (3, O) = the bias, the scales and the column
 // sums' int32 bits (imagegen.ops.int8.step_form); decode_linear takes it for 4-d int8 weights
-at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra);
+at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra, int form);
 
 // ---- draw.cpp
 // params (N, 3K) float32 (K logits, K means, K log-scales) -> p (N, 256): LogisticMixture.probs

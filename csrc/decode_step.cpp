@@ -270,11 +270,12 @@ int64_t decode_panel_width() { return kPanel; }
 // b + x W for x (N, K) of any floating dtype and W (K, O), b (O) of one dtype -> (N, O) of W's
 // dtype, as torch.addmm(b, x.to(W.dtype), W): through oneDNN for a prepacked W (see packed_linear),
 // through linear_f32_panels for float32 W in panels (see panel_linear), through int8_linear.cpp for
-// int8 W in its step form (float32 out), through linear_bf16_range
-// for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
-at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+// int8 W in its step form (float32 out; int8_form: the product's form, int8_form_code's), through
+// linear_bf16_range for bfloat16 W, a few rows and O a multiple of kLinCols, else through torch.
+namespace {
+at::Tensor step_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b, int int8_form) {
   if (W.is_mkldnn()) return packed_linear(x, W, b);
-  if (W.dim() == 4 && W.scalar_type() == at::kChar) return decode_linear_int8_step(x, W, b);  // int8_linear.cpp
+  if (W.dim() == 4 && W.scalar_type() == at::kChar) return decode_linear_int8_step(x, W, b, int8_form);
   if (W.dim() == 3) return panel_linear(x, W, b);
   const int64_t N = x.size(0), K = x.size(1), O = W.size(1);
   if (W.scalar_type() != at::kBFloat16 || N > kLinMaxRows || O % kLinCols || !W.is_contiguous() ||
@@ -303,6 +304,11 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
   });
   return out;
 }
+}  // namespace
+
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b, const std::string& int8_form) {
+  return step_linear(x, W, b, int8_form_code(int8_form, "decode_linear's int8_form"));
+}
 
 // One decoding position of a whole PixelTransformer whose every layer is linear attention on
 // this kernel: the loop of PixelTransformer.step in one call, which saves the Python and module
@@ -320,7 +326,7 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& W, const at::Ten
 // torch's add, LayerNorm and addmm.
 at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tensor>>& layers,
                            const std::vector<at::Tensor>& head, int64_t n_heads, double ln_eps, double eps,
-                           const std::string& features) {
+                           const std::string& features, const std::string& int8_form) {
   using Layer = DecodeLayer;
   using Head = DecodeHead;
   TORCH_CHECK(h.dim() == 2 && head.size() == Head::count && n_heads > 0 && h.size(1) % n_heads == 0 &&
@@ -337,6 +343,7 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
   // (int8 products may keep some float32 or bfloat16: Dense.int8_keeps; a weight may then be int8, float32 or
   // bfloat16, its bias float32 or bfloat16; a bfloat16 product's output runs the GELU in bfloat16, as the forward)
   const bool int8 = weights == at::kChar;
+  const int form = int8_form_code(int8_form, "decode_step's int8_form");
   for (const auto& w : layers)
     for (const auto j : Layer::products) {
       const bool bias = j == Layer::qkv_bias || j == Layer::out_bias || j == Layer::ff1_bias || j == Layer::ff2_bias;
@@ -348,7 +355,7 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
     }
   const bool mapped = features != "elu";
   auto attention = [&](const at::Tensor& x, const std::vector<at::Tensor>& w) {  // LayerNorm'd x -> (N, D)
-    auto qkv = decode_linear(x, w[Layer::qkv_weight], w[Layer::qkv_bias]).view({N, 3, n_heads, 1, E});
+    auto qkv = step_linear(x, w[Layer::qkv_weight], w[Layer::qkv_bias], form).view({N, 3, n_heads, 1, E});
     auto q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);
     if (mapped) {  // the features of q and k in one call, and v in their dtype, as the module's step has them
       const auto qk = step_features(qkv.narrow(1, 0, 2), features, w[Layer::features]);  // (N, 2, H, 1, F)
@@ -377,11 +384,11 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
       return out;
     };
     for (const auto& w : layers) {
-      y = decode_linear(attention(add_norm(w[Layer::ln1_weight], w[Layer::ln1_bias]), w), w[Layer::out_weight],
-                        w[Layer::out_bias]);                                                  // attention out W + b
-      auto f = decode_linear(add_norm(w[Layer::ln2_weight], w[Layer::ln2_bias]), w[Layer::ff1_weight],
-                             w[Layer::ff1_bias]);
-      y = decode_linear(gelu_in_place(f), w[Layer::ff2_weight], w[Layer::ff2_bias]);              // GELU(ff1) W + b
+      y = step_linear(attention(add_norm(w[Layer::ln1_weight], w[Layer::ln1_bias]), w), w[Layer::out_weight],
+                      w[Layer::out_bias], form);                                              // attention out W + b
+      auto f = step_linear(add_norm(w[Layer::ln2_weight], w[Layer::ln2_bias]), w[Layer::ff1_weight],
+                           w[Layer::ff1_bias], form);
+      y = step_linear(gelu_in_place(f), w[Layer::ff2_weight], w[Layer::ff2_bias], form);          // GELU(ff1) W + b
     }
     h.add_(y);
   } else {
@@ -392,8 +399,8 @@ at::Tensor decode_step_cpu(at::Tensor h, const std::vector<std::vector<at::Tenso
     for (const auto& w : layers) {
       h = residual(attention(at::layer_norm(h, {D}, w[Layer::ln1_weight], w[Layer::ln1_bias], ln_eps), w),
                    w[Layer::out_weight], w[Layer::out_bias]);
-      auto f = decode_linear(at::layer_norm(h, {D}, w[Layer::ln2_weight], w[Layer::ln2_bias], ln_eps),
-                             w[Layer::ff1_weight], w[Layer::ff1_bias]);
+      auto f = step_linear(at::layer_norm(h, {D}, w[Layer::ln2_weight], w[Layer::ln2_bias], ln_eps),
+                           w[Layer::ff1_weight], w[Layer::ff1_bias], form);
       h = residual(gelu_in_place(f), w[Layer::ff2_weight], w[Layer::ff2_bias]);
     }
   }

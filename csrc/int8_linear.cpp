@@ -20,9 +20,9 @@
 // Three loops compute the same int32 sums (so the same outputs, up to the final multiply-add's
 // rounding), the "forms" of the product: int8_panel_vnni with AVX512-VNNI intrinsics, int8_panel_avx2
 // with AVX2's, int8_panel elsewhere (vector extensions, products widened to int32). The best form the
-// CPU has runs (a runtime check, so portable builds use them too); IMAGEGEN_INT8_FORM=avx2 (or
-// portable, read once per process) or decode_linear_int8's `form` argument takes a lesser one, e.g. the
-// AVX2 form on an AVX-512 CPU, as an AVX2-only CPU would run it.
+// CPU has runs ("auto"; a runtime check, so portable builds use them too); the `form` argument of
+// decode_linear_int8, decode_linear and decode_step takes a lesser one, e.g. the AVX2 form on an AVX-512
+// CPU, as an AVX2-only CPU would run it (imagegen.ops.int8.forced_form).
 //
 // The AVX2 form and vpmaddubsw's saturation. vpmaddubsw multiplies unsigned by signed bytes and adds
 // each adjacent pair of products into a signed 16-bit lane, saturating: with xu = xs + 128 up to 255
@@ -369,7 +369,10 @@ const char* const kFormNames[kForms] = {"portable", "avx2", "vnni"};
 
 bool cpu_has(int form) { return form == kPortable || (form == kAvx2 && cpu_has_avx2()) || (form == kVnni && cpu_has_vnni()); }
 
-int best_form() { return cpu_has(kVnni) ? kVnni : cpu_has(kAvx2) ? kAvx2 : kPortable; }
+int best_form() {
+  static const int form = cpu_has(kVnni) ? kVnni : cpu_has(kAvx2) ? kAvx2 : kPortable;
+  return form;
+}
 
 // "vnni", "avx2" or "portable" -> its Form, checked against this CPU; `what` names where the name came from
 int parse_form(const std::string& name, const char* what) {
@@ -382,19 +385,13 @@ int parse_form(const std::string& name, const char* what) {
   TORCH_CHECK(false, what, " must be vnni, avx2 or portable (or auto), not '", name, "'");
   return kPortable;
 }
-
-// The form `auto` takes: IMAGEGEN_INT8_FORM if set (read once per process), else the best the CPU has.
-int auto_form() {
-  static const int form = [] {
-    const char* env = std::getenv("IMAGEGEN_INT8_FORM");
-    return env == nullptr || *env == '\0' || std::string(env) == "auto" ? best_form()
-                                                                        : parse_form(env, "IMAGEGEN_INT8_FORM");
-  }();
-  return form;
-}
 }  // namespace
 
-std::string decode_int8_form() { return kFormNames[auto_form()]; }
+int int8_form_code(const std::string& form, const char* what) {
+  return form == "auto" ? best_form() : parse_form(form, what);
+}
+
+std::string decode_int8_form(const std::string& form) { return kFormNames[int8_form_code(form, "decode_int8_form")]; }
 
 std::vector<std::string> decode_int8_forms() {
   std::vector<std::string> forms;
@@ -449,12 +446,12 @@ at::Tensor decode_linear_int8(const at::Tensor& x, const at::Tensor& Wq, const a
               "decode_linear_int8: Wq (", Wq.sizes(), ") must match x's K = ", K, " (at most 65536) and O = ", O,
               " (scales' length), with float32 scales, int32 colsums and a float32 bias of O each");
   return int8_linear(x, Wq, scales.data_ptr<float>(), colsums.data_ptr<int32_t>(), b.data_ptr<float>(), O,
-                     form == "auto" ? auto_form() : parse_form(form, "decode_linear_int8's form"));
+                     int8_form_code(form, "decode_linear_int8's form"));
 }
 
 // decode_step's form (imagegen.ops.int8.step_form): Wq as above and one float32 (3, O) tensor in the
 // bias slot holding the bias, the scales and the column sums (their int32 bits, copied as they are).
-at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra) {
+at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, const at::Tensor& extra, int form) {
   const int64_t O = extra.dim() == 2 ? extra.size(1) : -1;
   TORCH_CHECK(x.dim() == 2 && Wq.dim() == 4 && Wq.scalar_type() == at::kChar && Wq.is_contiguous() &&
                   Wq.size(2) == kI8Cols && Wq.size(3) == kI8Group && Wq.size(1) == (x.size(1) + kI8Group - 1) / kI8Group &&
@@ -464,5 +461,5 @@ at::Tensor decode_linear_int8_step(const at::Tensor& x, const at::Tensor& Wq, co
               "decode_linear: int8 weights must be pack_int8's Wq for x's K with a float32 (3, O) bias, scales and "
               "column sums; see imagegen.ops.int8.step_form");
   const float* e = extra.data_ptr<float>();
-  return int8_linear(x, Wq, e + O, reinterpret_cast<const int32_t*>(e + 2 * O), e, O, auto_form());
+  return int8_linear(x, Wq, e + O, reinterpret_cast<const int32_t*>(e + 2 * O), e, O, form);
 }

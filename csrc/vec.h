@@ -302,9 +302,9 @@ inline __attribute__((always_inline)) vec_t<float> widen_bf16(const c10::BFloat1
 }  // namespace
 
 // The entry points of each source (per dtype), cloned for AVX-512 / AVX2 / baseline x86-64
-// when the build uses flags valid on any x86-64 (IMAGEGEN_KERNEL_NATIVE=0): the clones pick the
-// widest vector unit at load time (GCC function multiversioning), so such a build stays portable.
-// A -march=native build (the default; kernel.py defines CP_NATIVE) is for this CPU alone and needs
+// when the build uses flags valid on any x86-64 (without CP_NATIVE): the clones pick the widest
+// vector unit at load time (GCC function multiversioning), so such a build stays portable.
+// A -march=native build (imagegen's, always: ops/build.py defines CP_NATIVE) is for this CPU alone and needs
 // no clones; cloning there also crashes GCC 12 on AVX-512 CPUs (an internal compiler error in
 // expand_direct_optab_fn: the vectorizer, set up for the native target, emits operations the
 // narrower clones cannot expand).

@@ -38,7 +38,7 @@ from .tuning import threads as _threads
 from .store import checkpoint, shipped
 from .data.sets import dataset_info, load_from_config
 from .config import check_device, check_sampling, class_numbers, shown, whole
-from .dtypes import autocast, dtype_name
+from .dtypes import INT8, autocast, dtype_name
 from .errors import UserError
 from .memory import check_grid_fits, check_images_fit, sampling_batch
 from .say import say
@@ -46,7 +46,8 @@ from .world import World
 from .model.transformer import model_dims
 from .ops.allocator import for_device
 from .ops.build import prebuilt_only
-from .precision import decide_precision, slow_bf16_note
+from .ops.dense import forward_int8_product
+from .precision import decide_precision, slow_bf16_note, why_not_int8
 from .sampling.decode import (completion_rows, generate, grid, int8_forward, name_rows, resolve_sampler,
                               sampler_label, to_images)
 from .sampling.threads import choose_threads
@@ -55,7 +56,7 @@ from .bits_per_dim import LN2, total_nll
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["Labels", "Model", "Plan", "load", "use_device"]
+__all__ = ["Labels", "Model", "Plan", "from_checkpoint", "load", "use_device"]
 
 Labels = Union[int, str, Sequence[Union[int, str]], None]   # one class (number or name) for all images, or one each
 
@@ -82,8 +83,26 @@ def load(name_or_path: str | Path = shipped.DEFAULT, device: str | torch.device 
     if not build_kernel:
         prebuilt_only()
     path = shipped.resolve(name_or_path)
-    ck = checkpoint.load(path)
-    model = Model(checkpoint.model_from_checkpoint(ck, path).to(device).eval(), ck, threads=threads, path=path)
+    return from_checkpoint(checkpoint.load(path), path, device, threads)
+
+
+def from_checkpoint(ck: dict, path: Path | None = None, device: str | torch.device = "cpu",
+                    threads: int | None = None) -> Model:
+    """The Model of a checkpoint already read (store.checkpoint.load's dict, or one store.checks.check
+    passed, as imagegen-convert checks the weights it will write), in evaluation mode.
+
+    Args:
+        ck: the checkpoint: config, model (and ema: taken when present), state or record.
+        path: the file it was read from (errors name it; Model.path).
+        device, threads: as load's; threads=None (the default here) leaves torch's thread count alone.
+
+    Returns:
+        The Model.
+    """
+    check_sampling(threads=threads)
+    device = use_device(device, threads=None)
+    model = Model(checkpoint.model_from_checkpoint(ck, path or "checkpoint").to(device).eval(), ck,
+                  threads=threads, path=path)
     model._fit_threads(force=True)
     return model
 
@@ -113,6 +132,9 @@ class Plan:
         sampler: step (an RNN or a KV cache) or recompute; None for scoring.
         loop: what the sampler amounts to here: recurrent, kv-cache or recompute; None for scoring.
         batch: images drawn at a time (at most the images asked for); None for scoring.
+        int8_product: scoring at int8: how its products quantize activations, "per row" (the C++ kernel's,
+            wherever it builds: a figure independent of the batch) or "per call" (fbgemm's); else None
+            (sampling at int8 picks its product as it decodes).
     """
     dtype: torch.dtype
     precision: str
@@ -121,6 +143,7 @@ class Plan:
     sampler: Optional[str] = None
     loop: Optional[str] = None
     batch: Optional[int] = None
+    int8_product: Optional[str] = None
 
 
 class Model:
@@ -185,9 +208,16 @@ class Model:
 
     def scoring_plan(self, precision: str = "float32") -> Plan:
         """The products' precision bits_per_dim runs in here: float32, bfloat16, auto (bfloat16 where
-        measured faster; never int8) or int8 (CPU; the quantized model's exact bits/dim)."""
+        measured faster; never int8) or int8 (CPU; the quantized model's exact bits/dim, its product in
+        Plan.int8_product)."""
         choice = decide_precision(precision, self.device, dims=model_dims(self.module))
-        return Plan(choice.value, dtype_name(choice.value), choice.reason, slow_bf16_note(choice.value, self.device))
+        return Plan(choice.value, dtype_name(choice.value), choice.reason, slow_bf16_note(choice.value, self.device),
+                    int8_product=forward_int8_product() if choice.value == INT8 else None)
+
+    def why_not_int8(self) -> str | None:
+        """None where precision=int8 runs here (on the CPU, with torch's fbgemm int8 products), else the
+        sentence saying why not (what sampling_plan and scoring_plan raise for it)."""
+        return why_not_int8(self.device)
 
     def measure_threads(self, plan: Plan) -> str | None:
         """On the CPU with the step sampler: torch's thread count set to the faster of its current count and

@@ -16,9 +16,8 @@ CPU `auto` decides by measurement where the caller names the shapes (`auto_bf16`
 path really runs, timed once per machine in float32 and in bfloat16 through `imagegen.tuning.probe`
 (training: autocast Dense products forward and backward; evaluation: forward; sampling: the decoding
 step's products at the batch in use, prepacked or through the C++ step's own loop, as the sampler
-runs them), bfloat16 only when it is `probe.MARGIN` times faster. IMAGEGEN_PRECISION_PROBE=0 (or
-IMAGEGEN_PROBE=0) falls back to the capability rule (`tuning.machine.fast_bf16`); CUDA keeps that
-rule. Timings on CPUs with and without bfloat16 hardware: docs/notes/code-measurements.md.
+runs them), bfloat16 only when it is `probe.MARGIN` times faster. IMAGEGEN_PROBE=0 falls back to the
+capability rule (`tuning.machine.fast_bf16`); CUDA keeps that rule. Timings on CPUs with and without bfloat16 hardware: docs/notes/code-measurements.md.
 """
 import torch
 
@@ -187,6 +186,17 @@ def slow_bf16_note(dtype, device):
     return f"note: bfloat16 is slow here ({why}): its products are emulated, many times slower than float32."
 
 
+def why_not_int8(device, key="precision"):
+    """None where {key}=int8 runs on device (the CPU, with torch's fbgemm int8 products), else the sentence
+    saying why not and what to use instead (what `decide_precision` raises for it)."""
+    if device.type != "cpu":
+        return (f"{key}=int8 runs on the CPU only (torch's fbgemm int8 products); use device=cpu, or float32 or "
+                f"bfloat16 on {device.type}.")
+    if (why := can_int8()) is not None:
+        return f"{key}=int8 is not available: {why}; use float32."
+    return None
+
+
 def decide_precision(setting, device, key="precision", dims=None, batch=None, choices=PRECISIONS, record=None):
     """precision=float32|bfloat16|auto|int8 -> Choice(torch.float32, torch.bfloat16 or dtypes.INT8 (torch.qint8:
     int8 Dense products, CPU only), why auto chose it ("" for the other settings)); auto: int8 for sampling
@@ -196,11 +206,8 @@ def decide_precision(setting, device, key="precision", dims=None, batch=None, ch
     if setting not in choices:
         raise UserError(f"{key} must be one of {', '.join(choices)}, not {setting!r}.")
     if setting == "int8":
-        if device.type != "cpu":
-            raise UserError(f"{key}=int8 runs on the CPU only (torch's fbgemm int8 products); use device=cpu, or "
-                            f"float32 or bfloat16 on {device.type}.")
-        if (why := can_int8()) is not None:
-            raise UserError(f"{key}=int8 is not available: {why}; use float32.")
+        if (why := why_not_int8(device, key)) is not None:
+            raise UserError(why)
         return Choice(INT8)
     if setting != "auto":
         return Choice(torch.bfloat16 if setting == "bfloat16" else torch.float32)

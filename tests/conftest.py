@@ -52,7 +52,6 @@ def probes_on(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("IMAGEGEN_PROBE", raising=False)
-    monkeypatch.delenv("IMAGEGEN_PRECISION_PROBE", raising=False)
     monkeypatch.setattr("imagegen.tuning.probe._verdicts", {})
     monkeypatch.setattr("imagegen.tuning.probe.load_now", lambda: 0.0)    # an idle machine, unless a test says
     yield tmp_path / "cache" / "imagegen" / "probes.json"

@@ -1,7 +1,8 @@
 """One front door (issue 53): the commands that run a model are thin layers over the Python API
 (imagegen.api), with its defaults, so the same settings give the same bytes from either: imagegen-sample's
-grids and completions are the PNG bytes of load(...).generate / complete + grid, and imagegen-eval's bits/dim
-is Model.bits_per_dim's, exactly."""
+grids and completions are the PNG bytes of load(...).generate / complete + grid, imagegen-eval's bits/dim
+is Model.bits_per_dim's, exactly, and imagegen-convert's recorded checks are Model.bits_per_dim's at float32 and
+int8 of the model as written."""
 import ast
 import io
 import json
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 PACKAGE = Path(imagegen.__file__).parent
 BELOW = ("imagegen.model", "imagegen.ops", "imagegen.sampling")       # what the API stands in front of
-THIN = ("sample.py", "evaluate.py")                                    # commands that reach nothing below at all
+THIN = ("sample.py", "evaluate.py", "convert.py")                                  # commands that reach nothing below at all
 WITHOUT_A_MODEL = {"prepare.py": {"imagegen.sampling.decode.grid"}}    # draws a dataset's images: no Model to ask
 TINY = {"attention": "linear", "attention_options": {"impl": "chunked"}, "n_layers": 1, "d_model": 16,
         "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 10, "dropout": 0.0, "num_classes": 10}
@@ -139,3 +140,41 @@ def test_a_plan_made_first_gives_the_same_bytes_as_the_settings_it_was_made_from
     assert (plan.precision, plan.loop, plan.batch, plan.sampler) == ("float32", "recurrent", 2, "step")
     images = model.generate(labels=[1, 2], precision="float32", seed=4)
     assert (images == model.generate(labels=[1, 2], plan=plan, seed=4)).all()
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+def test_converts_recorded_checks_are_the_apis_bits_per_dim_of_the_written_model(best_pt, precision, tmp_path,
+                                                                                  mnist_root):
+    """test_check and int8_check hold what the API computes at the same settings for the written model."""
+    out = tmp_path / "m"
+    proc = call("imagegen-convert", f"checkpoint={best_pt}", f"out={out}", "check_images=5", "batch_size=4",
+                f"precision={precision}", "device=cpu", "threads=1", "progress=false", f"data.root={mnist_root}")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.with_suffix(".json").read_text())["record"]
+    model = imagegen.load(out.with_suffix(".safetensors"), threads=1)
+    images, labels = model.load_split("test", n=5)
+    bpd = model.bits_per_dim(images, labels, batch_size=4)
+    assert record["test_check"] == {"images": 5, "bits_per_dim": bpd, "labels": True}
+    if model.why_not_int8() is not None:
+        assert "int8_check" not in record
+        return
+    plan = model.scoring_plan("int8")
+    assert record["int8_check"] == {"images": 5, "float32": bpd, "product": plan.int8_product,
+                                    "int8": model.bits_per_dim(images, labels, batch_size=4, precision="int8")}
+
+
+def test_the_int8_scoring_plan_names_the_product_its_forward_runs(monkeypatch):
+    """Plan.int8_product, decided before the run, is the product int8_forward puts on the weights (per row where
+    the kernel builds, per call where it does not)."""
+    from imagegen.ops import dense
+    from imagegen.sampling.decode import int8_forward
+
+    model = imagegen.load("mnist-linear", threads=None)
+    if model.why_not_int8() is not None:
+        pytest.skip(model.why_not_int8())
+    for builds in (True, False):
+        monkeypatch.setattr(dense, "takes_kernel", lambda always=False, builds=builds: builds)
+        plan = model.scoring_plan("int8")
+        with int8_forward(model.module, plan.dtype):
+            assert plan.int8_product == dense.int8_product(model.module) == ("per row" if builds else "per call")
+    assert model.scoring_plan("float32").int8_product is None

@@ -2,7 +2,6 @@
 csrc/int8_linear.cpp) against its reference in every form the CPU runs (vnni, avx2, portable), packing,
 Dense's step form, re-quantizing after a change, and the decoding step a probe picks."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from imagegen.dtypes import INT8
 from imagegen.ops import dense as dense_module
 from imagegen.ops.dense import Dense, dense, int8_product, int8_weights
 from imagegen.ops.int8 import can_int8, int8_reduce_range
-from commands import one_line_error
 from fixtures import decode_params, scaled_model, skip_without_cpu_kernel
 
 CPU = torch.device("cpu")
@@ -254,22 +252,49 @@ def test_int8_decoding_takes_the_step_a_probe_measures(int8_kernel, monkeypatch,
     assert plan.int8_one_call(model, 256) == (int8_form() in ("vnni", "avx2"))
 
 
-def test_int8_form_variable_forces_a_form_or_says_what_runs(int8_kernel):
-    """IMAGEGEN_INT8_FORM=avx2 makes `auto` take the AVX2 form (on a CPU that runs it); a form the CPU cannot
-    run, or no form at all, is one sentence naming the forms it runs."""
-    import subprocess
-    import sys
-    code = ("from imagegen.errors import one_line\nfrom imagegen.ops.int8 import int8_form\n"
-            "one_line(lambda: print(int8_form()))()")
+def test_int8_form_is_an_argument_that_reaches_every_product(int8_kernel, monkeypatch):
+    """forced_form(form) names the form int8_form() reports and the kernel's int8 products run: `dense` on Dense's
+    step form gives decode_linear_int8's outputs in that form bit for bit (the same code), and the one-call step is
+    handed it; auto is the best this CPU runs; a form it cannot run is one sentence (the kernel's calls: one
+    RuntimeError naming the argument)."""
+    from imagegen.errors import UserError
+    from imagegen.ops import decode as decode_module
+    from imagegen.ops.decode import DecodeLayer
+    from imagegen.ops.int8 import forced_form, forced_product, int8_form, step_form
     forms = int8_kernel.decode_int8_forms()
-    for value, want in (("avx2", "avx2"), ("", forms[0]), ("auto", forms[0])):
-        if want in forms:
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 env={**os.environ, "IMAGEGEN_INT8_FORM": value})
-            assert out.returncode == 0 and out.stdout.strip() == want, out.stderr
-    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "IMAGEGEN_INT8_FORM": "sse9"})
-    one_line_error(bad, "IMAGEGEN_INT8_FORM='sse9' is not a form of the int8 product this CPU runs; set it to one of")
+    assert forms[-1] == "portable" and int8_form() == int8_kernel.decode_int8_form() == forms[0]
+    x, w, b, packed = int8_case(256, 1024, 3)
+    for form in [*forms, "auto"]:
+        with forced_form(form):
+            assert int8_form() == (forms[0] if form == "auto" else form)
+            assert torch.equal(dense(x, step_form(w, b)), int8_kernel.decode_linear_int8(x, *packed, b, form))
+    with pytest.raises(UserError, match="int8 form 'sse9' is not one this CPU runs; use auto or one of"):
+        with forced_form("sse9"):
+            pass
+    for call in (lambda: int8_kernel.decode_linear(x, *step_form(w, b), "sse9"),
+                 lambda: int8_kernel.decode_step(torch.zeros(1, 4), [[torch.zeros(1)] * len(DecodeLayer._fields)],
+                                                 [torch.zeros(1)] * 4, 2, 1e-5, 1e-6, "elu", "sse9")):
+        with pytest.raises(RuntimeError, match="_form must be vnni, avx2 or portable"):
+            call()
+    handed = []
+    monkeypatch.setattr(decode_module, "load_kernel", lambda device: Handed(int8_kernel, handed))
+    model = scaled_model("linear", length=40)
+    with forced_form("portable"), forced_product("kernel"):       # the one-call step (portable alone: the loop)
+        decode_params(model, torch.zeros(2, 40, dtype=torch.long), INT8, whole_model_kernel=True)
+    assert handed and set(handed) == {"portable"}
+
+
+class Handed:
+    """The kernel module, recording the int8 form each decode_step call is handed."""
+    def __init__(self, kernel, forms):
+        self.kernel, self.forms = kernel, forms
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def decode_step(self, *args):
+        self.forms.append(args[7])
+        return self.kernel.decode_step(*args)
 
 
 @pytest.mark.parametrize("bf16", [True, False], ids=["kept-bf16", "kept-float32"])

@@ -148,9 +148,9 @@ def test_a_cache_entry_with_bad_timings_is_timed_again(probes_on):
     assert probe.decide("x", timer).chosen and timer.calls == 1
 
 
-@pytest.mark.parametrize("var", ["IMAGEGEN_PROBE", "IMAGEGEN_PRECISION_PROBE"])
-def test_probes_off_fall_back_to_the_rules(probes_on, monkeypatch, var):
-    monkeypatch.setenv(var, "0")
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_probes_off_fall_back_to_the_rules(probes_on, monkeypatch, value):
+    monkeypatch.setenv("IMAGEGEN_PROBE", value)
     timer = Timer(10.0, 5.0)
     assert probe.decide("x", timer) is None and timer.calls == 0 and not probes_on.exists()
     for report, fast in (({"amx": False, "avx512_bf16": True}, True), ({"amx": False, "avx512_bf16": False}, False)):

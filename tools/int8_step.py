@@ -1,7 +1,7 @@
 """The small-batch products of decoding at 1, 2 and 4 rows: float32 in panels (the C++ kernel's
 decode_linear), 8-bit weights through the C++ kernel's own int8 product (decode_linear_int8:
-x quantized per row, int32 sums, AVX512-VNNI or AVX2 where the CPU has it; IMAGEGEN_INT8_FORM=avx2
-forces the AVX2 form), and through torch's fbgemm
+x quantized per row, int32 sums, AVX512-VNNI or AVX2 where the CPU has it; --form avx2
+forces the AVX2 form, as an AVX2-only CPU runs it), and through torch's fbgemm
 dynamic quantized linear (`imagegen.ops.int8.linear_int8`, what precision=int8 runs today).
 
     python -m tools.int8_step --out bench/int8_step.json     # about a minute
@@ -42,7 +42,7 @@ PRODUCTS = ("float32", "int8_kernel", "fbgemm")
 def products(d_in, d_out, batch, seed=0):
     """{name: a call with no arguments} for the three products of one shape and batch."""
     from imagegen.ops.build import load_kernel
-    from imagegen.ops.int8 import linear_int8, pack_int8, quantize
+    from imagegen.ops.int8 import asked_form, linear_int8, pack_int8, quantize
     from imagegen.ops.layout import panels
     kernel = load_kernel("cpu")
     g = torch.Generator().manual_seed(seed)
@@ -50,7 +50,7 @@ def products(d_in, d_out, batch, seed=0):
     x = torch.randn(batch, d_in, generator=g)
     laid_out, packed, fbgemm = panels(w), pack_int8(w), quantize(w, b)
     return {"float32": lambda: kernel.decode_linear(x, laid_out, b),
-            "int8_kernel": lambda: kernel.decode_linear_int8(x, *packed, b),
+            "int8_kernel": lambda: kernel.decode_linear_int8(x, *packed, b, asked_form()),
             "fbgemm": lambda: linear_int8(x, fbgemm)}
 
 
@@ -182,7 +182,7 @@ COLUMNS = [("group", "set", None), ("product", "product", None), ("d_in", "d_in"
 
 def main(argv=None):
     from imagegen.ops.build import ensure_kernel, load_kernel
-    from imagegen.ops.int8 import FORM_VAR, int8_form
+    from imagegen.ops.int8 import forced_form, int8_form
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/int8_step.json", help="the JSON (the markdown beside it, .md)")
     p.add_argument("--rounds", type=int, default=30, help="timed rounds per product (the best is kept)")
@@ -192,23 +192,26 @@ def main(argv=None):
     p.add_argument("--step-batches", nargs="+", type=int, default=list(STEP_BATCHES), help="batches for --steps")
     p.add_argument("--generate", type=int, metavar="BATCH", default=None,
                    help="with --steps: time sampling BATCH whole images at float32 and int8 instead (generate_rows)")
+    p.add_argument("--form", default="auto",
+                   help="the kernel's int8 form: auto (the best this CPU runs), vnni, avx2 or portable")
     a = p.parse_args(argv)
     why = ensure_kernel("cpu")                         # the build stays out of the timings
     if why is not None:
         raise SystemExit(f"int8_step: the C++ kernel is unavailable here: {why}")
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
-    form = int8_form()
-    if a.steps and a.generate:
-        rows, columns = generate_rows(a.steps, a.generate, a.rounds), GENERATE_COLUMNS
-        unit = "one batch of whole images, CPU seconds"
-    elif a.steps:
-        rows, columns = step_rows(a.steps, a.step_batches, a.rounds), STEP_COLUMNS
-        unit = "calls (256 / batch steps each), CPU milliseconds per step"
-    else:
-        rows, columns, unit = measure(a.rounds, a.calls), COLUMNS, f"{a.calls} calls, microseconds per call"
+    with forced_form(a.form):
+        form = int8_form()
+        if a.steps and a.generate:
+            rows, columns = generate_rows(a.steps, a.generate, a.rounds), GENERATE_COLUMNS
+            unit = "one batch of whole images, CPU seconds"
+        elif a.steps:
+            rows, columns = step_rows(a.steps, a.step_batches, a.rounds), STEP_COLUMNS
+            unit = "calls (256 / batch steps each), CPU milliseconds per step"
+        else:
+            rows, columns, unit = measure(a.rounds, a.calls), COLUMNS, f"{a.calls} calls, microseconds per call"
     header = (f"{machine()}; int8 kernel: its {form} form (of {', '.join(load_kernel('cpu').decode_int8_forms())} "
-              f"here; {FORM_VAR} picks one); "
+              f"here; --form picks one); "
               f"1-min load {load_before:.2f} before ({os.cpu_count()} cores); best of {a.rounds} interleaved "
               f"rounds of {unit}")
     payload = {"machine": machine(), "form": form, "loadavg_1min": load_before, "cores": os.cpu_count(),

@@ -6,23 +6,21 @@ precision=int8 stores each Dense layer's weight in 8 bits with a float32 scale p
 quarter of the size); it loads as float32 (q * scale), and the check scores those weights. On the CPU the
 check scores the same images with int8 products too, as sampling runs them (`ops.dense.int8_weights`: the
 products the model keeps out of int8 stay float32 or bfloat16, `ops.dense.int8_keeps`), which is int8_check:
-what sampling's precision=auto weighs.
+what sampling's precision=auto weighs. Both are the Python API's figures (api.from_checkpoint of the weights as
+written, Model.bits_per_dim at float32 and at int8, Model.scoring_plan's int8_product).
 
 Nothing is written until everything that can fail has run (the check scores the bytes the
 .safetensors file will hold): a failed or interrupted convert leaves no OUT files behind."""
 import json
 from pathlib import Path
 
+from ..api import from_checkpoint
 from ..store import checkpoint, checks, shipped
 from ..store.format import FORMAT
 from .cli import hydra_entry
 from ..config import check_sampling
-from ..data.sets import load_from_config
 from ..errors import UserError
 from ..say import show
-from ..bits_per_dim import bits_per_dim
-from ..ops.dense import int8_product, int8_weights
-from ..ops.int8 import can_int8
 
 
 def convert(cfg, device):
@@ -37,7 +35,7 @@ def convert(cfg, device):
     shipped.check_writable(cfg["out"], cfg.get("overwrite", False))     # before the check's minutes, not after
     path = shipped.resolve(cfg["checkpoint"])
     ck = checkpoint.load(path)
-    model = checkpoint.model_from_checkpoint(ck, path)
+    model = from_checkpoint(ck, path).module
     state = ck.get("state", {})
     if "record" in ck:            # a shipped model converted again (another precision, a new check): its record kept
         record = dict(ck["record"])
@@ -58,18 +56,17 @@ def convert(cfg, device):
         # score the bytes as they will be written (int8: as they load, q * scale), not the model in memory
         weights = shipped.dequantized(load_weights(blob), path)
         converted = checks.check({"format": FORMAT, "config": config, "model": weights}, path)
-        again = checkpoint.model_from_checkpoint(converted, path).to(device)
-        ((x, y),) = load_from_config(config["data"], ("test",), labels=True)
-        x, y = x[: cfg["check_images"]], y[: cfg["check_images"]]
-        labels = y if again.num_classes else None
-        bpd = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"], labels=labels)
-        record["test_check"] = {"images": len(x), "bits_per_dim": bpd, "labels": bool(again.num_classes)}
+        again = from_checkpoint(converted, path, device)
+        x, y = again.load_split("test", n=cfg["check_images"])
+        conditional = bool(again.module.num_classes)
+        score = dict(labels=y if conditional else None, batch_size=cfg["batch_size"], progress=cfg["progress"])
+        bpd = again.bits_per_dim(x, **score)
+        record["test_check"] = {"images": len(x), "bits_per_dim": bpd, "labels": conditional}
         show(f"bits/dim of the first {len(x)} test images: {bpd:.4f} (recorded)")
-        if device.type == "cpu" and can_int8() is None:   # what sampling's precision=auto weighs (precision.int8_cost)
-            with int8_weights(again):
-                int8 = bits_per_dim(again, x, cfg["batch_size"], device, progress=cfg["progress"], labels=labels)
-                product = int8_product(again)             # read from the weights the check ran
-            record["int8_check"] = {"images": len(x), "float32": bpd, "int8": int8, "product": product}
+        if again.why_not_int8() is None:          # what sampling's precision=auto weighs (precision.int8_cost)
+            plan = again.scoring_plan("int8")
+            int8 = again.bits_per_dim(x, plan=plan, **score)
+            record["int8_check"] = {"images": len(x), "float32": bpd, "int8": int8, "product": plan.int8_product}
             show(f"with int8 products: {int8:.4f} ({int8 - bpd:+.4f}, recorded)")
     if not cfg.get("keep_root", True):
         config["data"]["root"] = None           # a model to ship: the loading machine's data/<name>

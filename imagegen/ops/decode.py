@@ -6,6 +6,7 @@ from typing import NamedTuple
 import torch
 
 from .build import load_kernel
+from .int8 import asked_form
 
 
 def fused_state(like, batch_heads, E, M):
@@ -57,5 +58,6 @@ class DecodeHead(NamedTuple):
 def decode_step(h, layers, head, n_heads, ln_eps, eps, features="elu"):
     """One decoding position of a whole linear PixelTransformer in one C++ call (see
     `PixelTransformer.kernel_weights`): h (N, D) embedded tokens, layers a DecodeLayer per block,
-    head a DecodeHead, features the blocks' feature map ("elu", "relu" or "favor") -> parameters (N, P)."""
-    return load_kernel("cpu").decode_step(h, layers, head, n_heads, ln_eps, eps, features)
+    head a DecodeHead, features the blocks' feature map ("elu", "relu" or "favor") -> parameters (N, P).
+    int8 weights run in the form `int8.forced_form` asks for."""
+    return load_kernel("cpu").decode_step(h, layers, head, n_heads, ln_eps, eps, features, asked_form())

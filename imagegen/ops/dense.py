@@ -18,7 +18,7 @@ from torch import nn
 
 from ..dtypes import INT8
 from .build import load_kernel
-from .int8 import is_int8, linear_int8, quantize, step_form, takes_kernel
+from .int8 import asked_form, is_int8, linear_int8, quantize, step_form, takes_kernel
 from .layout import bf16_faster, is_packed, linear_prepacked, pack
 
 
@@ -75,14 +75,14 @@ class Dense(nn.Module):
 def dense(x, weights):
     """x (..., d_in) through (weight, bias) from `Dense.cast`; x is converted to their dtype and
     the result (..., d_out) is of it (bfloat16 products accumulate in float32). int8 weights
-    (`quantize`, or the kernel's `step_form`): x is taken as float32 and quantized for this call, per
-    call or per row; the result is float32."""
+    (`quantize`, or the kernel's `step_form`, in the form `int8.forced_form` asks for): x is taken as float32
+    and quantized for this call, per call or per row; the result is float32."""
     w, b = weights
     if is_int8(w):
         out = linear_int8(x.reshape(-1, x.shape[-1]), w)        # (running it warns of nothing in torch 2.13)
         return out.view(*x.shape[:-1], out.shape[-1])
     if w.dtype == torch.int8:                              # the kernel's int8 product (`int8.step_form`)
-        out = load_kernel("cpu").decode_linear(x.reshape(-1, x.shape[-1]).float(), w, b)
+        out = load_kernel("cpu").decode_linear(x.reshape(-1, x.shape[-1]).float(), w, b, asked_form())
         return out.view(*x.shape[:-1], out.shape[-1])
     x2 = x.reshape(-1, x.shape[-1]).to(w.dtype)
     if w.is_mkldnn:                                        # prepacked by `pack`
@@ -116,6 +116,12 @@ def int8_product(module):
     kinds = {"per call" if is_int8(m.int8[0]) else "per row"
              for m in module.modules() if isinstance(m, Dense) and m.int8 is not None and m.int8_keeps is None}
     return None if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def forward_int8_product():
+    """The int8 product `int8_weights` gives a forward here, decided before it runs (`int8_product` reads it
+    back from the weights): "per row" (the kernel's) wherever the kernel builds, else "per call" (fbgemm's)."""
+    return "per row" if takes_kernel(always=True) else "per call"
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ docs/notes/code-measurements.md).
 The C++ kernel has its own int8 product (csrc/int8_linear.cpp, `decode_linear_int8`), for any number
 of rows (4 at a time over each panel): `pack_int8` lays W out for it (8 bits per weight, one scale per
 output column as `quantize`, in panels of 64 columns by groups of 4 k), the kernel quantizes each row
-of x with its own scale and sums in int32 (AVX512-VNNI or AVX2 where the CPU has it: `int8_form`);
+of x with its own scale and sums in int32 (AVX512-VNNI or AVX2 where the CPU has it: `int8_form`; a lesser
+form inside `forced_form`, as a lesser CPU runs it);
 `linear_int8_reference` computes the same in plain PyTorch. Each row's result depends on that row alone, so evaluation's
 forward (rows = images x positions) and decoding's step (rows = images) compute the same numbers.
 Decoding and `dense.int8_weights` take it (`Dense.cast`) in `step_form`, which the one-call C++ step
@@ -23,7 +24,6 @@ wherever it builds, unmeasured: fbgemm's one scale per call would make their bit
 """
 import contextlib
 import functools
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -150,8 +150,9 @@ def step_form(w, b):
 
 @dataclass
 class Forced:
-    """What `forced_product` forces now."""
+    """What `forced_product` and `forced_form` force now."""
     kind: str | None = None    # "kernel" or "fbgemm" inside `forced_product`
+    form: str = "auto"         # the kernel's int8 form inside `forced_form`; auto: the best this CPU runs
 
 
 _forced = Forced()
@@ -190,22 +191,35 @@ def takes_kernel(always=False):
     return int8_form() in ("vnni", "avx2")
 
 
-FORM_VAR = "IMAGEGEN_INT8_FORM"
+@contextlib.contextmanager
+def forced_form(form):
+    """Inside: the kernel's int8 products (decoding's, the one-call step's, `dense.int8_weights`' forward) run in
+    `form` ("vnni", "avx2", "portable"; "auto": the best this CPU runs), e.g. avx2 on an AVX-512 CPU to measure
+    what an AVX2-only CPU runs (tools/int8_step.py --form); a form this CPU cannot run is one sentence."""
+    forms = load_kernel("cpu").decode_int8_forms() if kernel_error("cpu") is None else []
+    if form != "auto" and form not in forms:
+        raise UserError(f"int8 form {form!r} is not one this CPU runs; use auto or one of {', '.join(forms) or 'none'} "
+                        f"(the C++ kernel's: python -m imagegen.ops builds it).")
+    before, _forced.form = _forced.form, form
+    try:
+        yield
+    finally:
+        _forced.form = before
+
+
+def asked_form():
+    """The int8 form `forced_form` asks for now ("auto" outside it), which `dense` and `decode.decode_step` pass
+    to the kernel."""
+    return _forced.form
 
 
 def int8_form():
-    """The form of the kernel's int8 product that runs here (`kernel.decode_int8_form`): the best this CPU
-    runs ("vnni": AVX512-VNNI, "avx2", else "portable"), or the one FORM_VAR names (e.g. avx2 on an AVX-512
-    CPU, to measure what an AVX2-only CPU runs); None where the kernel is not built."""
+    """The form of the kernel's int8 product that runs here now (`kernel.decode_int8_form`): the best this CPU
+    runs ("vnni": AVX512-VNNI, "avx2", else "portable"), or inside `forced_form` the one it forces; None where
+    the kernel is not built."""
     if kernel_error("cpu") is not None:
         return None
-    kernel = load_kernel("cpu")
-    try:
-        return kernel.decode_int8_form()
-    except RuntimeError:
-        forms = kernel.decode_int8_forms()
-        raise UserError(f"{FORM_VAR}={os.environ.get(FORM_VAR)!r} is not a form of the int8 product this CPU runs; "
-                        f"set it to one of {', '.join(forms)} (or auto), or leave it unset.") from None
+    return load_kernel("cpu").decode_int8_form(_forced.form)
 
 
 def quantize_columns(w):

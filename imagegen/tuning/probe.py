@@ -22,7 +22,7 @@ or when it was marginal (within NEAR of the margin) and is a day old; a verdict 
 recorded no load, is timed again once. `listing()` gives every cached verdict with the reason it is trusted
 or not (imagegen-bench mode=probes shows them; clear=true removes them: `clear()`).
 
-IMAGEGEN_PROBE=0 (or IMAGEGEN_PRECISION_PROBE=0) turns every probe off: callers then fall back to
+IMAGEGEN_PROBE=0 turns every probe off: callers then fall back to
 their rules (CPU flags for bfloat16, the head-dimension rule for the kernel).
 """
 import hashlib
@@ -44,7 +44,7 @@ MARGIN = 1.15          # the candidate must be this many times faster than the b
 BUSY = 0.5             # other processes' load (cores' worth) from which a machine counts as busy
 MAX_AGE_DAYS = 30      # a verdict older than this is timed again
 NEAR = 1.1             # a ratio within this factor of the margin is marginal: timed again when a day old
-ENV_VARS = ("IMAGEGEN_PROBE", "IMAGEGEN_PRECISION_PROBE")
+ENV_VAR = "IMAGEGEN_PROBE"    # 0/false/no/off: every probe off
 VERSION = 1            # of the cache file's layout
 
 _verdicts = {}         # (machine key, name) -> Verdict: made once per process, never re-timed
@@ -70,8 +70,8 @@ class Verdict:
 
 
 def enabled():
-    """False when IMAGEGEN_PROBE (or IMAGEGEN_PRECISION_PROBE) is 0/false/no/off."""
-    return not any(os.environ.get(v, "").strip().lower() in ("0", "false", "no", "off") for v in ENV_VARS)
+    """False when IMAGEGEN_PROBE is 0/false/no/off."""
+    return os.environ.get(ENV_VAR, "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def cache_path():

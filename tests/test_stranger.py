@@ -225,7 +225,7 @@ def test_bench_refuses_a_users_file_in_out_dir_before_measuring(ck, tmp_path, mn
     out = tmp_path / "bench"
     out.mkdir()
     (out / "compare.md").write_text("my notes")
-    args = ("imagegen-bench", "mode=compare", f"checkpoints=[{ck}]", "max_images=4", f"out_dir={out}",
+    args = ("imagegen-bench", "mode=compare", f"compare.checkpoints=[{ck}]", "max_images=4", f"out_dir={out}",
             f"eval_data.root={mnist_root}", "threads=1")
     one_line_error(call(*args), f"{out / 'compare.md'} exists, and imagegen did not write it")
     assert (out / "compare.md").read_text() == "my notes" and not (out / "compare.json").exists()

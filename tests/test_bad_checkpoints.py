@@ -118,8 +118,8 @@ def test_misleading_messages(tmp_path, cifar_root, mnist_root):
     proc = call("imagegen-eval", f"checkpoint={bad}")
     one_line_error(proc, "asks to import posix.system, which a safe load (weights_only) refuses to run")
 
-    proc = call("imagegen-bench", "mode=compare", f"checkpoints=[{tmp_path / 'nope.pt'}]")
-    one_line_error(proc, "pass checkpoints=[a.pt,b.pt,...]")
+    proc = call("imagegen-bench", "mode=compare", f"compare.checkpoints=[{tmp_path / 'nope.pt'}]")
+    one_line_error(proc, "pass compare.checkpoints=[a.pt,b.pt,...]")
 
     from imagegen.data.sets import dataset_info
     from imagegen.model.transformer import build_model

@@ -32,8 +32,8 @@ def test_sampling_timed_counts_faults_per_call():
 
 
 def test_attention_rows_have_time_per_position_and_faults():
-    c = {"batch": 2, "heads": 2, "head_dim": 4, "lengths": [8, 16], "impls": ["chunked"],
-         "attention_dtypes": ["float32"], "repeat": 1, "cumsum_max_gb": 1.0, "quick": True}
+    c = {"attention": {"batch": 2, "heads": 2, "head_dim": 4, "lengths": [8, 16], "impls": ["chunked"],
+                       "dtypes": ["float32"], "repeat": 1, "cumsum_max_gb": 1.0}, "quick": True}
     result, md = attention.run_attention(c, torch.device("cpu"))
     for row in result["rows"]:
         assert row["fwd_us_per_position"] == row["fwd_ms"] * 1e3 / (2 * row["L"])
@@ -44,9 +44,9 @@ def test_attention_rows_have_time_per_position_and_faults():
 
 def test_sampling_rows_have_time_per_position_and_faults(monkeypatch):
     from imagegen.data.sets import dataset_info
-    cfg = {"seed": 0, "n_positions": 2, "probe_positions": [], "sampling_precisions": ["float32"], "reps": 1,
-           "methods": ["linear-recurrent"], "step_batches": [1], "recompute_batches": [1],
-           "max_cache_gb": 1.0, "lsh_options": {}, "arch_name": "tiny"}
+    cfg = {"seed": 0, "arch_name": "tiny", "sampling": {
+        "n_positions": 2, "probe_positions": [], "precisions": ["float32"], "reps": 1, "methods": ["linear-recurrent"],
+        "step_batches": [1], "recompute_batches": [1], "max_cache_gb": 1.0, "lsh_options": {}}}
     model = {"attention": "linear", "attention_options": {}, "n_layers": 1, "d_model": 8, "n_heads": 2, "d_ff": 16,
              "head": "categorical", "n_mixtures": 2, "dropout": 0.0}
     monkeypatch.setattr(sampling, "whole_image_seconds", lambda *a, **k: 1.0)

@@ -8,8 +8,9 @@ import torch
 from imagegen.benchmarks import attention, progress
 
 CPU = torch.device("cpu")
-ATTENTION = {"mode": "attention", "batch": 1, "heads": 2, "head_dim": 4, "impls": ["softmax", "chunked"],
-             "attention_dtypes": ["float32"], "lengths": [16, 32], "repeat": 1, "cumsum_max_gb": 1.0, "quick": True}
+ATTENTION = {"mode": "attention", "quick": True, "attention": {
+    "batch": 1, "heads": 2, "head_dim": 4, "impls": ["softmax", "chunked"], "dtypes": ["float32"], "lengths": [16, 32],
+    "repeat": 1, "cumsum_max_gb": 1.0}}
 
 
 def test_attention_rows_are_written_as_they_come_and_a_stopped_run_keeps_them(tmp_path, monkeypatch, capsys):
@@ -39,21 +40,25 @@ def test_whole_attention_run(tmp_path):
 
 
 def test_quick_settings():
-    c = {"mode": "train_step", "quick": True, "train_batch": 16, "repeat": 3, "train_precisions": ["float32", "auto"],
-         "train_lengths": {"mnist": 784, "cifar10": 3072}, "data": {"name": "cifar10"}}
+    c = {"mode": "train_step", "quick": True, "data": {"name": "cifar10"}, "attention": {"lengths": [8]},
+         "train_step": {"batch": 16, "repeat": 3, "precisions": ["float32", "auto"],
+                        "lengths": {"mnist": 784, "cifar10": 3072}},
+         "sampling": {"step_batches": [4], "max_cache_gb": 1.0}}
     q = progress.apply_quick(c)
-    assert q["train_lengths"] == {"cifar10": 3072} and q["train_batch"] == 2 and q["repeat"] == 1
+    assert q["train_step"] == {"batch": 2, "repeat": 1, "precisions": ["float32"], "lengths": {"cifar10": 3072}}
+    assert c["train_step"]["batch"] == 16                                   # the config itself is left alone
     assert progress.apply_quick({**c, "quick": False}) == {**c, "quick": False}
-    assert progress.apply_quick({**c, "mode": "attention"})["lengths"] == [784, 3072]
-    assert progress.apply_quick({**c, "mode": "sampling"})["step_batches"] == [1, 16]
+    assert progress.apply_quick({**c, "mode": "attention"})["attention"]["lengths"] == [784, 3072]
+    quick = progress.apply_quick({**c, "mode": "sampling"})["sampling"]
+    assert quick["step_batches"] == [1, 16] and quick["max_cache_gb"] == 1.0      # merged into the section
 
 
 def test_sampling_rows_are_written_as_they_come_and_a_stopped_run_keeps_them(tmp_path, monkeypatch, capsys):
     from imagegen.benchmarks import sampling
     from imagegen.data.sets import dataset_info
-    cfg = {"seed": 0, "n_positions": 2, "probe_positions": [], "sampling_precisions": ["float32"], "reps": 1,
-           "methods": ["linear-recurrent"], "step_batches": [1, 2, 3], "recompute_batches": [1],
-           "max_cache_gb": 1.0, "lsh_options": {}, "arch_name": "tiny", "quick": True}
+    cfg = {"seed": 0, "arch_name": "tiny", "quick": True, "sampling": {
+        "n_positions": 2, "probe_positions": [], "precisions": ["float32"], "reps": 1, "methods": ["linear-recurrent"],
+        "step_batches": [1, 2, 3], "recompute_batches": [1], "max_cache_gb": 1.0, "lsh_options": {}}}
     model = {"attention": "linear", "attention_options": {}, "n_layers": 1, "d_model": 8, "n_heads": 2, "d_ff": 16,
              "head": "categorical", "n_mixtures": 2, "dropout": 0.0}
     monkeypatch.setattr(sampling, "whole_image_seconds", lambda *a, **k: 1.0)

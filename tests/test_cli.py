@@ -192,21 +192,23 @@ def test_every_entry_keeps_freed_memory(tmp_path, entry):
 def test_bench_attention_and_train_step_tables(tmp_path):
     """The kernels benchmarks run end to end on tiny shapes: one row per dtype and impl (precision
     and attention), each with a time and a ratio to softmax, in the JSON and the Markdown table."""
-    run("imagegen-bench", "mode=attention", "lengths=[33]", "batch=1", "heads=2", "head_dim=4", "repeat=1",
-        "impls=[softmax,kernel]", "attention_dtypes=[float32,bfloat16]", "threads=1", f"out_dir={tmp_path}")
+    run("imagegen-bench", "mode=attention", "attention.lengths=[33]", "attention.batch=1", "attention.heads=2",
+        "attention.head_dim=4", "attention.repeat=1", "attention.impls=[softmax,kernel]",
+        "attention.dtypes=[float32,bfloat16]", "threads=1", f"out_dir={tmp_path}")
     rows = json.loads((tmp_path / "attention.json").read_text())["rows"]
     assert [(r["dtype"], r["impl"]) for r in rows] == [("float32", "softmax"), ("float32", "kernel"),
                                                        ("bfloat16", "softmax"), ("bfloat16", "kernel")]
     assert all(r["fwd_bwd_ms"] > 0 and r["speedup_fwd_bwd"] > 0 and r["peak_mib"] > 0 for r in rows)
-    run("imagegen-bench", "mode=train_step", "train_lengths.mnist=20", "~train_lengths.cifar10", "train_batch=2",
-        "repeat=1", "train_precisions=[float32,bfloat16]", *TINY[:5], "threads=1", f"out_dir={tmp_path}")
+    run("imagegen-bench", "mode=train_step", "train_step.lengths.mnist=20", "~train_step.lengths.cifar10",
+        "train_step.batch=2", "train_step.repeat=1", "train_step.precisions=[float32,bfloat16]", *TINY[:5],
+        "threads=1", f"out_dir={tmp_path}")
     rows = json.loads((tmp_path / "train_step.json").read_text())["rows"]
     assert [(r["precision"], r["attention"]) for r in rows] == [("float32", "softmax"), ("float32", "linear"),
                                                                 ("bfloat16", "softmax"), ("bfloat16", "linear")]
     assert all(r["step_ms"] > 0 and r["speedup"] > 0 and r["peak_mib"] > 0 for r in rows)
     assert "| mnist | 20 | bfloat16 | linear |" in (tmp_path / "train_step.md").read_text()
-    bad = run("imagegen-bench", "mode=attention", "attention_dtypes=[float16]", f"out_dir={tmp_path}", check=False)
-    one_line_error(bad, "unknown dtype 'float16' in attention_dtypes")
+    bad = run("imagegen-bench", "mode=attention", "attention.dtypes=[float16]", f"out_dir={tmp_path}", check=False)
+    one_line_error(bad, "unknown dtype 'float16' in attention.dtypes")
 
 
 def test_train_init_starts_from_given_weights(mnist_root, tmp_path):

@@ -28,8 +28,8 @@ def write_checkpoint(path, data_root, seed):
 
 
 def bench_cfg(paths, max_images=None):
-    return {"checkpoints": [str(p) for p in paths], "split": "test", "max_images": max_images, "n_positions": 2,
-            "reps": 1, "step_batches": [1], "recompute_batches": [1]}
+    return {"compare": {"checkpoints": [str(p) for p in paths], "split": "test"}, "max_images": max_images,
+            "sampling": {"n_positions": 2, "reps": 1, "step_batches": [1], "recompute_batches": [1]}}
 
 
 def evaluator(calls, max_images=None):
@@ -92,5 +92,5 @@ def test_compare_refuses_to_mix_image_counts(mnist_root, tmp_path):
 
 
 def test_compare_without_checkpoints_is_one_sentence():
-    with pytest.raises(UserError, match="needs checkpoints"):
+    with pytest.raises(UserError, match="needs compare.checkpoints"):
         compare.run(bench_cfg([]), evaluator([]))

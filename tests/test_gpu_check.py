@@ -25,8 +25,8 @@ def test_dry_run_prints_every_step_and_runs_nothing(tmp_path):
         names = [line[1:line.index("]")] for line in proc.stdout.splitlines() if line.startswith("[")]
         assert names == STEPS
         assert f"report: {out}/gpu-check.md" in proc.stdout
-        assert "imagegen-bench mode=attention device=cuda 'impls=[softmax,triton]' " \
-               "'lengths=[784,3072,8192]'" in proc.stdout
+        assert "imagegen-bench mode=attention device=cuda 'attention.impls=[softmax,triton]' " \
+               "'attention.lengths=[784,3072,8192]'" in proc.stdout
         assert "imagegen-train device=cuda train.max_minutes=0.5" in proc.stdout
         assert "-m pytest -q -ra -m cuda tests/" in proc.stdout
         assert not out.exists()                                     # nothing written

@@ -47,10 +47,11 @@ def composed(name, args):
     return OmegaConf.to_container(compose(name, args), resolve=True)
 
 
-def bench_cfg(mnist_root, **kw):
-    cfg = composed("bench", ["mode=paper", "quick=true", f"data.root={mnist_root}", "data.download=false",
-                            "arch_name=paper_mnist"])        # what the command resolves from preset=
-    return {**apply_quick(cfg), **kw}
+def bench_cfg(mnist_root, options=None, **kw):
+    """The quick paper config, its paper section updated with options and the rest with kw."""
+    cfg = apply_quick(composed("bench", ["mode=paper", "quick=true", f"data.root={mnist_root}", "data.download=false",
+                                         "arch_name=paper_mnist"]))        # what the command resolves from preset=
+    return {**cfg, "paper": {**cfg["paper"], **(options or {})}, **kw}
 
 
 def test_each_run_gets_the_same_architecture_seed_and_budget(mnist_root, tmp_path):
@@ -65,23 +66,24 @@ def test_each_run_gets_the_same_architecture_seed_and_budget(mnist_root, tmp_pat
         assert t["data"]["root"] == str(mnist_root) and t["run_dir"].endswith(f"runs/mnist-{attention}")
     assert [runs[a]["model"]["attention"] for a in ATTENTIONS] == ["softmax", "linear", "lsh", "lsh"]
     assert runs["lsh4"]["model"]["attention_options"]["n_hashes"] == 4
-    minutes = paper.train_args({**c, "budget": "minutes", "minutes": 2.5}, "linear", tmp_path / "r")
+    minutes = paper.train_args({**c, "paper": {**c["paper"], "budget": "minutes", "minutes": 2.5}}, "linear",
+                               tmp_path / "r")
     t = composed("train", minutes)["train"]
     assert t["max_minutes"] == 2.5 and t["max_steps"] == paper.UNBOUNDED_STEPS
 
 
 def test_never_more_processes_than_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert [paper.slots({"jobs": j}) for j in (0, 1, 2, 8)] == [2, 1, 2, 2]
+    assert [paper.slots({"paper": {"jobs": j}}) for j in (0, 1, 2, 8)] == [2, 1, 2, 2]
 
 
 @pytest.mark.parametrize("change, says", [({"attentions": ["linear", "rnn"]}, "unknown attention 'rnn'"),
                                           ({"attentions": []}, "each attention once"),
-                                          ({"budget": "hours"}, "budget must be minutes or steps"),
-                                          ({"budget": "minutes", "minutes": 0}, "minutes must be > 0")])
+                                          ({"budget": "hours"}, "paper.budget must be minutes or steps"),
+                                          ({"budget": "minutes", "minutes": 0}, "paper.minutes must be > 0")])
 def test_bad_options_are_one_sentence(mnist_root, change, says):
     with pytest.raises(UserError, match=says):
-        paper.check(bench_cfg(mnist_root, **change))
+        paper.check(bench_cfg(mnist_root, change))
 
 
 def test_a_truncated_checkpoint_of_a_run_says_what_the_bench_can_do(mnist_root, tmp_path):
@@ -199,8 +201,8 @@ def test_a_run_that_fails_is_named_with_its_log_once(tmp_path):
     """Two runs failing alike: the end of the log shown once; no run kept, none claimed; no run dir left."""
     write_mnist(tmp_path / "few", n_train=3)             # fewer training images than the quick batch of 4
     out = tmp_path / "out"
-    proc = run("imagegen-bench", *bench_args(out, tmp_path / "few"), "attentions=[linear,softmax]", "jobs=1",
-               check=False)
+    proc = run("imagegen-bench", *bench_args(out, tmp_path / "few"), "paper.attentions=[linear,softmax]",
+               "paper.jobs=1", check=False)
     assert proc.returncode != 0 and proc.stdout.count("fewer than train.batch_size=4") == 1, proc.stdout
     assert "training mnist-softmax failed (exit status 1); its log ends as mnist-linear's did" in proc.stdout
     one_line_error(proc, "error: training failed for mnist-linear, mnist-softmax (their logs are in")
@@ -215,7 +217,7 @@ def test_missing_data_is_said_once_before_any_run_starts(tmp_path):
 
 
 def test_a_failed_sweep_names_the_runs_it_keeps(mnist_root, tmp_path, monkeypatch):
-    c = bench_cfg(mnist_root, out_dir=str(tmp_path), attentions=["softmax", "linear", "lsh"])
+    c = bench_cfg(mnist_root, {"attentions": ["softmax", "linear", "lsh"]}, out_dir=str(tmp_path))
     (tmp_path / "runs" / "mnist-linear").mkdir(parents=True)
     (tmp_path / "runs" / "mnist-linear" / "last.pt").write_bytes(b"a run stopped halfway")
     monkeypatch.setattr(paper, "status", lambda c, a, d: ("new", None))

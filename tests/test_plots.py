@@ -149,9 +149,9 @@ def test_plot_command(tmp_path):
 
 @pytest.mark.slow
 def test_sampling_bench_writes_latency_plot_without_plot_batch_in_sweep(tmp_path):
-    proc = run_module("imagegen.commands.bench", "mode=sampling", "preset=small", *TINY, "methods=[linear-recurrent]",
-                      "step_batches=[1,2]", "n_positions=2", "probe_positions=[]", "reps=1", "threads=1",
-                      f"out_dir={tmp_path}")
+    proc = run_module("imagegen.commands.bench", "mode=sampling", "preset=small", *TINY,
+                      "sampling.methods=[linear-recurrent]", "sampling.step_batches=[1,2]", "sampling.n_positions=2",
+                      "sampling.probe_positions=[]", "sampling.reps=1", "threads=1", f"out_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     assert "plot_batch 64 was not measured" in proc.stdout and "linear-recurrent at batch 2" in proc.stdout
     img = np.asarray(Image.open(tmp_path / "sampling-mnist-small-latency.png").convert("RGB")).astype(int)

@@ -98,7 +98,7 @@ def test_a_verdict_timed_on_a_busy_machine_old_or_marginal_is_timed_again(probes
     shown = call("imagegen-bench", "mode=probes", "threads=1")
     assert shown.returncode == 0 and "busy: 2.00x, chosen" in shown.stdout
     assert "timed again when next needed: it is 40 days old" in shown.stdout
-    assert call("imagegen-bench", "mode=probes", "clear=true", "threads=1").returncode == 0
+    assert call("imagegen-bench", "mode=probes", "probes.clear=true", "threads=1").returncode == 0
     assert not probes_on.exists() and "no cached probe verdicts" in call("imagegen-bench", "mode=probes").stdout
 
 

@@ -186,8 +186,8 @@ def test_unwritable_run_dir_is_one_sentence(mnist_root, tmp_path):
     ("imagegen-sample", ["checkpoint=no-such-model"], "or the name of a shipped model (cifar10-linear, mnist-linear)"),
     ("imagegen-eval", ["checkpoint=x.pt", "batch_size=0"], "batch_size must be a positive number, got 0"),
     ("imagegen-eval", ["checkpoint=x.pt", "max_images=0"], "max_images must be a positive number, got 0"),
-    ("imagegen-bench", ["mode=sampling", "preset=small", "methods=[softmax-kv-cache]", "step_batches=[64]",
-                        "max_cache_gb=0.001"], "every batch size was skipped"),
+    ("imagegen-bench", ["mode=sampling", "preset=small", "sampling.methods=[softmax-kv-cache]",
+                        "sampling.step_batches=[64]", "sampling.max_cache_gb=0.001"], "every batch size was skipped"),
 ])
 def test_bad_values_are_one_sentence(cmd, args, pattern, tmp_path, mnist_root, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -201,7 +201,7 @@ def test_threads_bounds_the_papers_training_jobs_and_prepares_workers(tmp_path, 
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)     # a 4-core machine
     monkeypatch.setattr(imagecache, "default_workers", lambda: 4)
-    assert slots({"jobs": 0, "threads": 1}) == 1 and slots({"jobs": 0, "threads": 0}) == 4
+    assert slots({"paper": {"jobs": 0}, "threads": 1}) == 1 and slots({"paper": {"jobs": 0}, "threads": 0}) == 4
     root = tmp_path / "pics"
     write_class_folder(root, per_class=2)
     proc = call("imagegen-data", "prepare", "data=folder", f"data.root={root}", "data.image_size=8", "threads=1",
@@ -225,7 +225,7 @@ def test_bench_refuses_a_users_file_in_out_dir_before_measuring(ck, tmp_path, mn
     out = tmp_path / "bench"
     out.mkdir()
     (out / "compare.md").write_text("my notes")
-    args = ("imagegen-bench", "mode=compare", f"checkpoints=[{ck}]", "max_images=4", f"out_dir={out}",
+    args = ("imagegen-bench", "mode=compare", f"compare.checkpoints=[{ck}]", "max_images=4", f"out_dir={out}",
             f"eval_data.root={mnist_root}", "threads=1")
     one_line_error(call(*args), f"{out / 'compare.md'} exists, and imagegen did not write it")
     assert (out / "compare.md").read_text() == "my notes" and not (out / "compare.json").exists()

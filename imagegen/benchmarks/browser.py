@@ -9,7 +9,7 @@ attention the work per step does not depend on the position, so images/sec = bat
   `imagegen.web.site.write_site` and served from 127.0.0.1; Chromium is Debian's /usr/bin/chromium driven by Playwright;
 - Python: `imagegen.benchmarks.sampling.step_latency`, the whole step as one C++ call when the
   fused CPU kernel serves the model (the path `imagegen-sample` takes).
-Rounds alternate the two (median over `browser_rounds`), so load from other processes hits both.
+Rounds alternate the two (median over `browser.rounds`), so load from other processes hits both.
 """
 import contextlib
 import functools
@@ -75,7 +75,7 @@ def run(cfg, model_cfg, info):
     torch.manual_seed(cfg["seed"])
     model = build_model({**model_cfg, "attention": "linear", "attention_options": {"impl": "auto"}}, info).eval()
     python_path = "one C++ call" if model.init_state(1, torch.device("cpu")).kernel is not None else "PyTorch per layer"
-    batches, steps, D = cfg["browser_batches"], cfg["browser_steps"], info.length
+    batches, steps, D = cfg["browser"]["batches"], cfg["browser"]["steps"], info.length
     times = {(who, b): [] for who in ("python", "wasm", "js") for b in batches}
     with tempfile.TemporaryDirectory() as tmp:
         write_site(model, info.name, Path(tmp) / "site")
@@ -86,7 +86,7 @@ def run(cfg, model_cfg, info):
                                    timeout=120_000)
             if page.evaluate("window.imagegen.status") == "error":
                 raise UserError(f"the exported page failed to load: {page.evaluate('window.imagegen.error')}")
-            for r in range(cfg["browser_rounds"]):
+            for r in range(cfg["browser"]["rounds"]):
                 for b in batches:
                     times[("python", b)].append(step_latency(model, b, D // 2, reps=steps) * 1e3)
                     for engine in ("wasm", "js"):
@@ -127,6 +127,7 @@ def report(result, cfg, arch_name, info, model_cfg):
     return (f"Decoding-step speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
             f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, d_ff {model_cfg['d_ff']}, "
             f"{model_cfg['head']} head, "
-            f"{info.length} sub-pixels), random weights, float32; median of {cfg['browser_rounds']} alternating rounds "
+            f"{info.length} sub-pixels), random weights, float32; median of {cfg['browser']['rounds']} alternating "
+            f"rounds "
             f"of {result['steps']} steps.\nMachine: {machine()}; {result['chromium']}.\n\n"
             + markdown_table(result["rows"], cols))

@@ -56,14 +56,15 @@ def current_eval(path, ck, split, max_images):
 
 def run(cfg, evaluate):
     """evaluate(path) -> the result dict of imagegen-eval (bits_per_dim, images), called when no
-    current evaluation JSON exists."""
-    if not cfg["checkpoints"]:
-        raise UserError("mode=compare needs checkpoints=[a.pt,b.pt,...].")
+    current evaluation JSON exists. Its options: cfg["compare"], its timing cfg["sampling"]'s."""
+    split, timing = cfg["compare"]["split"], cfg["sampling"]
+    if not cfg["compare"]["checkpoints"]:
+        raise UserError("mode=compare needs compare.checkpoints=[a.pt,b.pt,...].")
     rows, models = [], []
-    for p in cfg["checkpoints"]:           # bits/dim first: a mismatch stops before the timing
+    for p in cfg["compare"]["checkpoints"]:           # bits/dim first: a mismatch stops before the timing
         path = shipped.resolve(p)
-        ck = checkpoint.load(path, hint="checkpoints=[a.pt,b.pt,...]")
-        result, source = current_eval(path, ck, cfg["split"], cfg["max_images"]), "json"
+        ck = checkpoint.load(path, hint="compare.checkpoints=[a.pt,b.pt,...]")
+        result, source = current_eval(path, ck, split, cfg["max_images"]), "json"
         if result is None:
             result, source = evaluate(path), "computed"
         models.append((path, ck))
@@ -74,25 +75,25 @@ def run(cfg, evaluate):
     counts = {r["images"] for r in rows}
     if len(counts) > 1:
         found = ", ".join(f"{r['checkpoint']}: {r['images']}" for r in rows)
-        raise UserError(f"the {cfg['split']} bits/dim would be over different image counts ({found}); pass "
+        raise UserError(f"the {split} bits/dim would be over different image counts ({found}); pass "
                         f"the same data to every checkpoint (eval_data.root) or bound them all with max_images=N.")
     for row, (path, ck) in zip(rows, models):
         model = checkpoint.model_from_checkpoint(ck, path).eval()
         info = dataset_info(ck["config"]["data"])
         sampler = resolve_sampler(model, "auto")
-        positions = timed_positions(info.length, cfg["n_positions"])
-        batches = cfg["step_batches"] if sampler == "step" else cfg["recompute_batches"]
-        speeds = {b: b / measure(model, sampler, b, positions, cfg["reps"])[0] for b in batches}
+        positions = timed_positions(info.length, timing["n_positions"])
+        batches = timing["step_batches"] if sampler == "step" else timing["recompute_batches"]
+        speeds = {b: b / measure(model, sampler, b, positions, timing["reps"])[0] for b in batches}
         batch = max(speeds, key=speeds.get)
         row.update({"parameters": sum(t.numel() for t in model.parameters()),
                     "sampler": sampler_label(model, sampler), "batch": batch, "images_per_sec": speeds[batch]})
-        print(f"{path}: {row['bits_per_dim']:.4f} bits/dim over {row['images']} {cfg['split']} images "
+        print(f"{path}: {row['bits_per_dim']:.4f} bits/dim over {row['images']} {split} images "
               f"({row['bpd_source']}), {speeds[batch]:.4g} images/s", flush=True)
     slowest = min(r["images_per_sec"] for r in rows)
     for r in rows:
         r["speedup"] = r["images_per_sec"] / slowest
     cols = [("checkpoint", "checkpoint", None), ("attention", "attention", None), ("parameters", "params", "{:,}"),
-            ("bits_per_dim", f"{cfg['split']} bits/dim", "{:.4f}"), ("images", f"{cfg['split']} images", "{:,}"),
+            ("bits_per_dim", f"{split} bits/dim", "{:.4f}"), ("images", f"{split} images", "{:,}"),
             ("train_step_ms", "train ms/step", "{:.1f}"),
             ("sampler", "sampler", None), ("batch", "batch", None), ("images_per_sec", "images/sec", "{:.4g}"),
             ("speedup", "speedup", "{:.1f}x")]

@@ -1,9 +1,9 @@
 """imagegen-bench mode=paper: the paper's comparison of trained attentions, from one command.
 
-The sweep. Every attention of `attentions` (softmax, linear, lsh, lsh4: the conf/model/ names) is
+The sweep. Every attention of `paper.attentions` (softmax, linear, lsh, lsh4: the conf/model/ names) is
 trained on the same data with the same architecture, seed and budget (equal minutes, or equal
 steps) by `imagegen-train` in a process of its own (threads=1), as many at once as this process
-has CPU cores (os.sched_getaffinity; `jobs` lowers it), each in out_dir/runs/<data>-<attention>
+has CPU cores (os.sched_getaffinity; `paper.jobs` lowers it), each in out_dir/runs/<data>-<attention>
 with its output in out_dir/runs/<data>-<attention>.log. A run is finished when its last.pt holds
 the budget (the trainer's own stop test, runstate.Budget); the same command again skips finished
 runs and resumes the others (imagegen-train resumes from last.pt). Ctrl-C or SIGTERM is forwarded
@@ -46,7 +46,7 @@ from .sampling import measure, skip_reason, timed_positions, whole_image_seconds
 from .sweep import CHILD, hydra_value, sweep
 
 CONF_DIR = data_dir("conf")
-# no time budget: the step budget of budget=minutes (the minutes bind)
+# no time budget: the step budget of paper.budget=minutes (the minutes bind)
 UNBOUNDED_STEPS = 10 ** 9
 WHOLE_IMAGE_LIMIT_S = 120.0      # a recompute loop slower than this per image is estimated, not timed
 # the trainer's own options that the sweep sets (the rest of the bench's train.* is passed on)
@@ -54,6 +54,8 @@ SWEEP_KEYS = ("max_steps", "max_minutes", "clock", "progress", "resume", "overwr
 # what a run's checkpoint must agree on with the command for the sweep to resume or reuse it
 ARCH_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "head", "n_mixtures", "num_classes")
 # the numbers of a table row (report, plot_png); a kept row without them is measured again
+# the sampling section's options that decide a row's speed (a kept row is measured again when one changes)
+TIMING = ("step_batches", "recompute_batches", "n_positions", "reps", "max_cache_gb")
 ROW_NUMBERS = ("steps", "train_minutes", "test_bits_per_dim", "test_images", "batch", "images_per_sec",
                "whole_image_seconds")
 
@@ -63,35 +65,37 @@ def model_names():
 
 
 def check(c):
-    names = model_names()
-    if not c["attentions"] or len(set(c["attentions"])) != len(c["attentions"]):
-        raise UserError(f"attentions must list each attention once, e.g. attentions=[softmax,linear], got "
-                        f"{c['attentions']}.")
-    unknown = [a for a in c["attentions"] if a not in names]
+    """The paper section's options (c["paper"]) and max_images: one sentence naming the option and the fix."""
+    names, p = model_names(), c["paper"]
+    if not p["attentions"] or len(set(p["attentions"])) != len(p["attentions"]):
+        raise UserError(f"paper.attentions must list each attention once, e.g. paper.attentions=[softmax,linear], "
+                        f"got {p['attentions']}.")
+    unknown = [a for a in p["attentions"] if a not in names]
     if unknown:
-        raise UserError(f"unknown attention {unknown[0]!r} in attentions; choose among {', '.join(names)}.")
-    if c["budget"] not in ("minutes", "steps"):
-        raise UserError(f"budget must be minutes or steps, got {c['budget']!r}.")
-    if c["budget"] == "minutes" and not c["minutes"] > 0:
-        raise UserError(f"minutes must be > 0, got {c['minutes']}.")
-    if c["budget"] == "steps" and not c["steps"] > 0:
-        raise UserError(f"steps must be > 0, got {c['steps']}.")
-    if c["jobs"] < 0:
-        raise UserError(f"jobs must be >= 0 (0: one per CPU core), got {c['jobs']}.")
+        raise UserError(f"unknown attention {unknown[0]!r} in paper.attentions; choose among {', '.join(names)}.")
+    if p["budget"] not in ("minutes", "steps"):
+        raise UserError(f"paper.budget must be minutes or steps, got {p['budget']!r}.")
+    if p["budget"] == "minutes" and not p["minutes"] > 0:
+        raise UserError(f"paper.minutes must be > 0, got {p['minutes']}.")
+    if p["budget"] == "steps" and not p["steps"] > 0:
+        raise UserError(f"paper.steps must be > 0, got {p['steps']}.")
+    if p["jobs"] < 0:
+        raise UserError(f"paper.jobs must be >= 0 (0: one per CPU core), got {p['jobs']}.")
     if c["max_images"] is not None and c["max_images"] <= 0:
         raise UserError(f"max_images must be a positive number or null (all), got {c['max_images']}.")
 
 
 def budget(c):
     """(train.max_steps, train.max_minutes) of every run."""
-    return (c["steps"], None) if c["budget"] == "steps" else (UNBOUNDED_STEPS, float(c["minutes"]))
+    p = c["paper"]
+    return (p["steps"], None) if p["budget"] == "steps" else (UNBOUNDED_STEPS, float(p["minutes"]))
 
 
 def slots(c):
-    """Training processes at once (each of one thread): one per CPU core this process may use, at most `jobs` and
+    """Training processes at once (each of one thread): one per CPU core this process may use, at most paper.jobs and
     at most `threads` (the cores the command was given: threads=1 keeps the whole comparison on one core)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, c["jobs"] or cores, c.get("threads") or cores))
+    return max(1, min(cores, c["paper"]["jobs"] or cores, c.get("threads") or cores))
 
 
 def run_name(c, attention):
@@ -179,7 +183,8 @@ def status(c, attention, run_dir):
 def measure_speed(model, c, info):
     """Images/sec at the best batch of the model's own loop (and, for softmax, of recomputation),
     and seconds for one whole image at batch 1."""
-    positions = timed_positions(info.length, c["n_positions"])
+    timing = c["sampling"]
+    positions = timed_positions(info.length, timing["n_positions"])
     attention = model.blocks[0].attn.name
 
     def best(sampler, batches):
@@ -190,16 +195,16 @@ def measure_speed(model, c, info):
             if reason:
                 print(f"{attention}: skipping batch {b} ({reason})")
                 continue
-            seconds = measure(model, sampler, b, positions, c["reps"])[0]
+            seconds = measure(model, sampler, b, positions, timing["reps"])[0]
             speeds[b] = (b / seconds, seconds / b)
         if not speeds:
             raise UserError(f"every batch size of {attention}'s {sampler} loop was skipped; add smaller "
-                            f"step_batches or recompute_batches, or raise max_cache_gb.")
+                            f"sampling.step_batches or sampling.recompute_batches, or raise sampling.max_cache_gb.")
         batch = max(speeds, key=lambda b: speeds[b][0])
         return batch, speeds[batch][0], speeds.get(1, (None, None))[1]
 
     sampler = "step" if model.can_step else "recompute"
-    batch, speed, estimate = best(sampler, c["step_batches"] if sampler == "step" else c["recompute_batches"])
+    batch, speed, estimate = best(sampler, timing["step_batches"] if sampler == "step" else timing["recompute_batches"])
     row = {"sampler": "recurrent" if attention == "linear" else ("kv-cache" if sampler == "step" else "recompute"),
            "batch": batch, "images_per_sec": speed}
     if sampler == "step":
@@ -209,7 +214,7 @@ def measure_speed(model, c, info):
     else:
         row["whole_image_seconds"], row["whole_image_timed"] = whole_recompute_seconds(model, c["seed"]), True
     if attention == "softmax":
-        row["recompute_batch"], row["recompute_images_per_sec"], _ = best("recompute", c["recompute_batches"])
+        row["recompute_batch"], row["recompute_images_per_sec"], _ = best("recompute", timing["recompute_batches"])
     return row
 
 
@@ -227,10 +232,8 @@ def whole_recompute_seconds(model, seed=0):
 def measured_with(c, best_path, best_ck):
     """What a kept row was measured for: the best.pt and the settings (the row is reused when equal)."""
     return {"best_mtime": best_path.stat().st_mtime, "best_step": best_ck["state"]["step"], "split": "test",
-            "max_images": c["max_images"], "step_batches": c["step_batches"],
-            "recompute_batches": c["recompute_batches"], "n_positions": c["n_positions"], "reps": c["reps"],
-            "max_cache_gb": c["max_cache_gb"], "seed": c["seed"], "threads": torch.get_num_threads(),
-            "cpu": cpu_name()}
+            "max_images": c["max_images"], **{k: c["sampling"][k] for k in TIMING}, "seed": c["seed"],
+            "threads": torch.get_num_threads(), "cpu": cpu_name()}
 
 
 def kept_row(path, key, attention):
@@ -289,10 +292,8 @@ def val_curve(run_dir):
 
 
 def report(rows, c):
-    if c["budget"] == "minutes":
-        spent = f"{c['minutes']:g} minutes of training each"
-    else:
-        spent = f"{c['steps']:,} steps each"
+    p = c["paper"]
+    spent = f"{p['minutes']:g} minutes of training each" if p["budget"] == "minutes" else f"{p['steps']:,} steps each"
     first = rows[0]
     header = (f"The paper's comparison on {first['data']}: {c['arch_name']} architecture ({c['model']['n_layers']} "
               f"layers, d_model {c['model']['d_model']}, {c['model']['n_heads']} heads), seed {c['seed']}, "
@@ -339,17 +340,17 @@ def run(c, evaluate):
     """The sweep, then the table. evaluate(path) -> imagegen-eval's result dict (bits_per_dim, images).
     Returns (payload, markdown), written to out_dir/paper-<data>.json/.md/.png."""
     check(c)
-    out = Path(c["out_dir"])
-    runs = {a: out / "runs" / run_name(c, a) for a in c["attentions"]}
+    out, attentions, p = Path(c["out_dir"]), c["paper"]["attentions"], c["paper"]
+    runs = {a: out / "runs" / run_name(c, a) for a in attentions}
     states = {a: status(c, a, d) for a, d in runs.items()}         # a foreign run stops us before any training
-    todo = [a for a in c["attentions"] if states[a][0] != "finished"]
+    todo = [a for a in attentions if states[a][0] != "finished"]
     n_slots = min(slots(c), max(1, len(todo)))
-    done = [a for a in c["attentions"] if a not in todo]
-    what = f"{c['minutes']:g} minutes" if c["budget"] == "minutes" else f"{c['steps']:,} steps"
+    done = [a for a in attentions if a not in todo]
+    what = f"{p['minutes']:g} minutes" if p["budget"] == "minutes" else f"{p['steps']:,} steps"
     resuming = [a for a in todo if states[a][0] == "unfinished"]
-    n = len(c["attentions"])
+    n = len(attentions)
     print(f"plan ({'quick' if c.get('quick') else 'full; quick=true for a ~2-minute run'}): {n} "
-          f"attention{'s' if n > 1 else ''} ({', '.join(c['attentions'])}), {what} each, {n_slots} at a time, in "
+          f"attention{'s' if n > 1 else ''} ({', '.join(attentions)}), {what} each, {n_slots} at a time, in "
           f"{out / 'runs'}" + (f"; finished already: {', '.join(done)}" if done else "")
           + (f"; resuming: {', '.join(resuming)}" if resuming else ""), flush=True)
     if todo:
@@ -358,17 +359,17 @@ def run(c, evaluate):
                  out / "runs" / f"{run_name(c, a)}.log") for a in todo]
         failed = sweep(jobs, n_slots)
         if failed:
-            kept = [a for a in c["attentions"] if run_name(c, a) not in failed and (runs[a] / "last.pt").exists()]
+            kept = [a for a in attentions if run_name(c, a) not in failed and (runs[a] / "last.pt").exists()]
             raise UserError(f"training failed for {', '.join(failed)} (their logs are in {out / 'runs'}); fix the "
                             f"cause and run the same command again"
                             + (f" ({', '.join(kept)} kept: they resume or are reused)." if kept else "."))
         states = {a: status(c, a, d) for a, d in runs.items()}
-        unfinished = [a for a in c["attentions"] if states[a][0] != "finished"]
+        unfinished = [a for a in attentions if states[a][0] != "finished"]
         if unfinished:
             raise UserError(f"{', '.join(unfinished)} stopped before their budget (see their logs in "
                             f"{out / 'runs'}); run the same command again to resume.")
-    rows = [table_row(c, a, runs[a], states[a][1], evaluate) for a in c["attentions"]]
-    curves = {a: val_curve(runs[a]) for a in c["attentions"]}
+    rows = [table_row(c, a, runs[a], states[a][1], evaluate) for a in attentions]
+    curves = {a: val_curve(runs[a]) for a in attentions}
     md = report(rows, c)
     name = f"paper-{c['data']['name']}"
     payload = {"config": c, "machine": machine(), "rows": rows,

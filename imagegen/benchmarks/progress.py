@@ -6,15 +6,16 @@ import time
 
 from .report import write_outputs
 
-# per mode, the settings quick=true overrides (the architecture is the preset's)
+# per mode, the settings quick=true overrides, by section (the architecture is the preset's)
 QUICK = {
-    "attention": {"lengths": [784, 3072], "impls": ["softmax", "chunked", "kernel", "auto"], "repeat": 1},
-    "train_step": {"train_batch": 2, "repeat": 1, "train_precisions": ["float32"]},
-    "sampling": {"methods": ["linear-recurrent", "softmax-kv-cache"], "step_batches": [1, 16], "n_positions": 3,
-                 "reps": 2, "probe_positions": [], "sampling_precisions": ["float32"]},
+    "attention": {"attention": {"lengths": [784, 3072], "impls": ["softmax", "chunked", "kernel", "auto"],
+                                "repeat": 1}},
+    "train_step": {"train_step": {"batch": 2, "repeat": 1, "precisions": ["float32"]}},
+    "sampling": {"sampling": {"methods": ["linear-recurrent", "softmax-kv-cache"], "step_batches": [1, 16],
+                              "n_positions": 3, "reps": 2, "probe_positions": [], "precisions": ["float32"]}},
     # a tiny model, a few steps each, a small test subset: the whole pipeline in about two minutes
-    "paper": {"budget": "steps", "steps": 32, "max_images": 32, "step_batches": [1, 8], "recompute_batches": [1],
-              "n_positions": 3, "reps": 1,
+    "paper": {"paper": {"budget": "steps", "steps": 32}, "max_images": 32,
+              "sampling": {"step_batches": [1, 8], "recompute_batches": [1], "n_positions": 3, "reps": 1},
               "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 2},
               "train": {"batch_size": 4, "lr": 2.0e-3, "warmup_steps": 2, "val_every": 8, "val_images": 16,
                         "save_every": 4, "log_every": 2, "sample_every": 0, "sample_minutes": 0.0,
@@ -23,14 +24,14 @@ QUICK = {
 
 
 def apply_quick(c):
-    """c with QUICK's settings for its mode when c['quick'] is true (train_step: only the data's own length)."""
+    """c with QUICK's settings for its mode when c['quick'] is true, each section's merged into it (train_step:
+    only the data's own length)."""
     if not c.get("quick"):
         return c
-    quick = QUICK.get(c["mode"], {})
-    c = {**c, **{k: ({**c[k], **v} if k in ("model", "train") else v) for k, v in quick.items()}}  # sections merged
+    c = {**c, **{k: ({**c[k], **v} if isinstance(v, dict) else v) for k, v in QUICK.get(c["mode"], {}).items()}}
     if c["mode"] == "train_step":
-        name = c["data"]["name"]
-        c["train_lengths"] = {name: c["train_lengths"][name]} if name in c["train_lengths"] else c["train_lengths"]
+        name, lengths = c["data"]["name"], c["train_step"]["lengths"]
+        c["train_step"] = {**c["train_step"], "lengths": {name: lengths[name]} if name in lengths else lengths}
     return c
 
 

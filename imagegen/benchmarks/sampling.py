@@ -1,7 +1,7 @@
 """Images/sec of the four samplers for one architecture, the paper's Tables 1, 2 and 5 in spirit.
 
 Method. The cost of sampling one batch is the sum of its D per-position step costs. We time
-steps at `n_positions` evenly spaced positions t (after warm-up steps) and integrate the
+steps at `sampling.n_positions` evenly spaced positions t (after warm-up steps) and integrate the
 per-step latency over all D positions by linear interpolation:
 - step samplers (linear recurrent, softmax KV cache): the decoding state is advanced to
   position t directly (the cache is preallocated; its contents do not change the cost), then
@@ -10,7 +10,7 @@ per-step latency over all D positions by linear interpolation:
 images/sec = batch / integrated seconds. Each method is measured at every batch size of its
 bounded sweep and reported at its best; batch 1 gives seconds per image (Table 5), and for
 the step samplers one whole image is also sampled at batch 1 and timed end to end.
-Each method runs in every precision of `sampling_precisions` (float32; bfloat16: the step loops'
+Each method runs in every precision of `sampling.precisions` (float32; bfloat16: the step loops'
 products in bfloat16 with weights converted once, the KV cache float32 except for the method
 softmax-kv-cache-bf16, the recompute loop under bfloat16 autocast; int8: 8-bit Dense weights, activations
 quantized per row, the state float32, through the one-call C++ step where the kernel's int8 product runs;
@@ -137,8 +137,8 @@ def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dt
     """Why this batch cannot be measured in this precision (a sentence), or None."""
     if attention == "softmax" and sampler == "step":
         cache_dtype = model.blocks[0].attn.init_state(0, 0, "cpu", dtype).k.dtype
-        if kv_cache_bytes(model_cfg, info, batch, cache_dtype) > cfg["max_cache_gb"] * 2 ** 30:
-            return f"KV cache over {cfg['max_cache_gb']} GiB"
+        if kv_cache_bytes(model_cfg, info, batch, cache_dtype) > cfg["sampling"]["max_cache_gb"] * 2 ** 30:
+            return f"KV cache over {cfg['sampling']['max_cache_gb']} GiB"
     try:
         check_batch_fits(model, batch, sampler, torch.device("cpu"))
     except UserError as e:
@@ -147,11 +147,12 @@ def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dt
 
 
 def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
-    """cfg: the bench config (dict); model_cfg: architecture (attention swapped per method). With
-    out_dir: the plan first, and out_dir/out_name.json and .md rewritten after every batch size."""
+    """cfg: the bench config (dict; its options: cfg["sampling"]); model_cfg: architecture (attention swapped per
+    method). With out_dir: the plan first, and out_dir/out_name.json and .md rewritten after every batch size."""
+    s = cfg["sampling"]
     torch.manual_seed(cfg["seed"])
-    positions = timed_positions(info.length, cfg["n_positions"], cfg["probe_positions"])
-    precisions, note = resolve_precisions(cfg["sampling_precisions"], torch.device("cpu"), "sampling_precisions")
+    positions = timed_positions(info.length, s["n_positions"], s["probe_positions"])
+    precisions, note = resolve_precisions(s["precisions"], torch.device("cpu"), "sampling.precisions")
     if note:
         print(note)
     results, curves = [], {p: {} for p in precisions}
@@ -161,12 +162,12 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
         return {"config": cfg, "machine": machine(), **result}, report(result, cfg, cfg["arch_name"], info, model_cfg)
 
     def batches_of(name):
-        return cfg["step_batches"] if METHODS[name][1] == "step" else cfg["recompute_batches"]
-    cases = [f"{name} batch {b}" for name in cfg["methods"] for b in batches_of(name)]
+        return s["step_batches"] if METHODS[name][1] == "step" else s["recompute_batches"]
+    cases = [f"{name} batch {b}" for name in s["methods"] for b in batches_of(name)]
     progress = Progress(out_dir, out_name, cases, render, cfg.get("quick")) if out_dir is not None else None
-    for name in cfg["methods"]:
+    for name in s["methods"]:
         attention, sampler = METHODS[name]
-        options = cfg["lsh_options"] if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
+        options = s["lsh_options"] if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
         model = build_model({**model_cfg, "attention": attention, "attention_options": options}, info).eval()
         batches = batches_of(name)
         if name == "softmax-kv-cache-bf16":
@@ -185,12 +186,12 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
             lat, faults = {p: [] for p in todo}, {p: [] for p in todo}
             for t in positions:                  # the precisions in turn at each position
                 for p in todo:
-                    lat[p].append(latency(model, sampler, batch, t, cfg["reps"], precision_dtype(p), faults[p]))
+                    lat[p].append(latency(model, sampler, batch, t, s["reps"], precision_dtype(p), faults[p]))
             whole = {p: whole_image_seconds(model, cfg["seed"], precision_dtype(p))
                      for p in todo if sampler == "step" and batch == 1}
             lines = []
             for precision in todo:
-                row = row_of(name, precision, batch, positions, lat[precision], model.length, cfg["probe_positions"],
+                row = row_of(name, precision, batch, positions, lat[precision], model.length, s["probe_positions"],
                              faults[precision])
                 if precision in whole:
                     row["whole_image_seconds"] = whole[precision]
@@ -210,8 +211,8 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
                 for line in lines:
                     print(line, flush=True)
     if not results:
-        raise UserError("every batch size was skipped (see the lines above), so there is nothing to report; "
-                        "add smaller step_batches or recompute_batches, or raise max_cache_gb.")
+        raise UserError("every batch size was skipped (see the lines above), so there is nothing to report; add "
+                        "smaller sampling.step_batches or sampling.recompute_batches, or raise sampling.max_cache_gb.")
     return summarize(results, positions, precisions, curves)
 
 
@@ -255,7 +256,8 @@ def report(result, cfg, arch_name, info, model_cfg):
             ("batch1_whole_vs_float32", "one whole image x float32", "{:.2f}"),
             ("step_ms_first", "step ms @0", "{:.2f}"), ("step_ms_last", "step ms @D-1", "{:.2f}"),
             ("ms_per_position", "ms / position (batch)", "{:.3f}"), ("faults_per_call", "page faults / step", "{:.0f}"),
-            ("latency_growth", "step latency @" + "/@".join(map(str, cfg["probe_positions"][::-1])), "{:.2f}"),
+            ("latency_growth", "step latency @" + "/@".join(map(str, cfg["sampling"]["probe_positions"][::-1])),
+             "{:.2f}"),
             ("limit_share", "share of limit", "{:.0%}")]
     header = (f"Sampling speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
               f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), "

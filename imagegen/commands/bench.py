@@ -8,7 +8,7 @@ mode=browser     the exported page's JavaScript step in headless Chromium beside
 mode=paper       the paper's comparison: train every attention alike, then bits/dim and speed (docs/paper.md)
 mode=speedrun    a recipe's CPU time to a validation target, into the record table (docs/speedrun.md)
 mode=probes      the cached speed verdicts of the `auto` settings, each with why it is trusted or timed again
-                 (clear=true: remove them)
+                 (probes.clear=true: remove them)
 """
 from pathlib import Path
 
@@ -44,14 +44,18 @@ def probes(clear):
 
 
 def evaluator(c, device):
-    """evaluate(path): imagegen-eval's result for a checkpoint on c's split (the paper: test) and max_images."""
+    """evaluate(path): imagegen-eval's result, at its defaults (config.EvalConfig), for a checkpoint on c's
+    split (compare.split; the paper: test) and max_images."""
+    from dataclasses import asdict
+
+    from ..config import DataOverride, EvalConfig
     from .evaluate import evaluate
 
     def evaluated(path):
-        eval_cfg = {"checkpoint": str(path), "split": c["split"] if c["mode"] == "compare" else "test",
-                    "batch_size": 32, "max_images": c["max_images"], "lsh_draws": 1, "lsh_seed": 0, "progress": True,
-                    "data": c["eval_data"], "overwrite": c.get("overwrite", False)}
-        return evaluate(eval_cfg, device)
+        eval_cfg = EvalConfig(checkpoint=str(path), split=c["compare"]["split"] if c["mode"] == "compare" else "test",
+                              max_images=c["max_images"], data=DataOverride(**c["eval_data"]),
+                              overwrite=c.get("overwrite", False))
+        return evaluate(asdict(eval_cfg), device)
     return evaluated
 
 
@@ -71,7 +75,7 @@ def check_outputs(c, out):
 
 def task(c, device):
     if c["mode"] == "probes":
-        return probes(c.get("clear", False))
+        return probes(c["probes"]["clear"])
     from ..benchmarks.progress import apply_quick
     c = apply_quick(c)                     # quick=true: about a minute on 2 cores
     out = Path(c["out_dir"])
@@ -86,7 +90,8 @@ def task(c, device):
         result = sampling.run(c, c["model"], info, out_dir=out, out_name=name)     # rows written as they come
         md = sampling.report(result, c, c["arch_name"], info, c["model"])
         report.write_outputs(out, name, {"partial": False, "config": c, "machine": report.machine(), **result}, md)
-        sampling.plot_latency(out / f"{name}-latency.png", result, c["plot_batch"], log=c["plot_log"],
+        sampling.plot_latency(out / f"{name}-latency.png", result, c["sampling"]["plot_batch"],
+                              log=c["sampling"]["plot_log"],
                               title=f"Per-step latency, {c['arch_name']} architecture, {info.length} sub-pixels")
     elif c["mode"] == "browser":
         from ..benchmarks import browser

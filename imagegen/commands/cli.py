@@ -50,8 +50,8 @@ COMMAND_TABLE = {
         ("imagegen-bench mode=sampling preset=paper_mnist data=mnist threads=2",
          "imagegen-bench mode=attention threads=2",
          "imagegen-bench mode=train_step preset=small threads=2",
-         "imagegen-bench mode=compare checkpoints=[a/best.pt,b/best.pt] max_images=2000",
-         "imagegen-bench mode=paper data.root=DIR minutes=30   # softmax, linear, lsh, lsh4; DIR holds MNIST/raw",
+         "imagegen-bench mode=compare compare.checkpoints=[a/best.pt,b/best.pt] max_images=2000",
+         "imagegen-bench mode=paper data.root=DIR paper.minutes=30   # softmax, linear, lsh, lsh4; DIR holds MNIST/raw",
          "imagegen-bench mode=paper quick=true threads=1   # the whole pipeline in about two minutes")),
     "plot": Command(
         "imagegen.commands.plot",
@@ -148,6 +148,10 @@ def compose(config_name, overrides):
                                 f"drop it.") from None
             raise UserError(f"unknown option {typed!r}{did_you_mean(config_name, typed)}; {command_name(config_name)} "
                             f"--help lists the options.") from None
+        if first.startswith("Could not delete from config.") and "' does not exist" in first:   # ~key of no option
+            typed = first.split("'")[1]
+            raise UserError(f"unknown option {typed!r}{did_you_mean(config_name, typed)}; "
+                            f"{command_name(config_name)} --help lists the options.") from None
         if first.startswith("Could not append to config. An item is already at"):      # +key=value of a key there
             typed = first.split("'")[1]
             value = next((a.partition("=")[2] for a in overrides if a.lstrip("+").startswith(typed + "=")), "...")
@@ -170,12 +174,23 @@ def override_keys(overrides):
 
 def did_you_mean(config_name, key):
     """' (did you mean train.max_minutes?)' for the closest option of the command's schema, or ''. key is the
-    whole dotted key as typed (trian.max_steps), not just the part Hydra found unknown (trian)."""
+    whole dotted key as typed (trian.max_steps), not just the part Hydra found unknown (trian). A name that is
+    an option of a section (imagegen-bench's step_batches: sampling.step_batches; train_batch: train_step.batch)
+    gets that section's option, or each section's that has it."""
     import difflib
 
     options = [k for k, _, _ in config.describe(config.SCHEMAS[config_name])]
-    close = difflib.get_close_matches(key, options, n=1, cutoff=0.75)
-    return f" (did you mean {close[0]}?)" if close else ""
+    head, dot, rest = key.partition(".")
+    within = [o + dot + rest for o in options if o.count(".") == 1 and in_section(head, *o.split("."))]
+    close = within or difflib.get_close_matches(key, options, n=1, cutoff=0.75)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def in_section(name, section, option):
+    """name is option of section given without it: step_batches for sampling.step_batches, or with the
+    section's name (or its start) as a prefix: sampling_precisions, train_batch for train_step.batch."""
+    prefix = name[:-len(option)].removesuffix("_") if name.endswith("_" + option) else None
+    return name == option or bool(prefix) and section.startswith(prefix)
 
 
 def help_text(config_name, argv=()):
@@ -199,7 +214,11 @@ def help_text(config_name, argv=()):
         lines.append("")
     lines.append("options (key: type = default; meaning):" if not chosen else
                  f"options (key: type = default with {' '.join(chosen)}; meaning):")
+    headed, section = config.sections(config.SCHEMAS[config_name]), None
     for key, f in config.options(config.SCHEMAS[config_name]):
+        if key.partition(".")[0] != section:
+            section = key.partition(".")[0]
+            lines += ["", f"{section}.*: {headed[section]}"] if section in headed else []
         value = cfg
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None

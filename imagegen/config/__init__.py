@@ -7,12 +7,12 @@ from .schema import (ACTIVATIONS, ATTENTION_OPTIONS, SCHEMAS, BenchConfig, Check
                      DataConfig, DataOverride, EvalConfig, ExportConfig, LinearOptions, LSHOptions, ModelConfig,
                      PackConfig, PlotConfig, PrepareConfig, SampleConfig, SoftmaxOptions, TrainConfig, TrainOptions,
                      UnpackConfig, opt)
-from .registry import describe, options, register, type_name
+from .registry import describe, options, register, sections, type_name
 
 __all__ = ["ACTIVATIONS", "attention_options", "ATTENTION_OPTIONS", "BenchConfig", "check_classes", "check_device",
            "check_eval", "check_model", "check_sample", "check_sampling", "check_threads", "check_train", "CheckpointCommand",
            "class_numbers", "ConvertConfig", "DataConfig", "DataOverride", "describe", "EvalConfig", "ExportConfig",
            "fits", "fraction", "full_attention_options", "LinearOptions", "LSHOptions", "MAX_SEED", "ModelConfig",
            "opt", "options", "PackConfig", "PlotConfig", "positive", "PrepareConfig", "register", "SampleConfig",
-           "SCHEMAS", "shown", "SoftmaxOptions", "TrainConfig", "TrainOptions", "type_name", "unknown_option",
-           "UnpackConfig", "whole"]
+           "SCHEMAS", "sections", "shown", "SoftmaxOptions", "TrainConfig", "TrainOptions", "type_name",
+           "unknown_option", "UnpackConfig", "whole"]

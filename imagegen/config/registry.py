@@ -36,5 +36,17 @@ def options(schema, prefix=""):
     return rows
 
 
+def sections(schema):
+    """{name: its docstring, on one line} of a schema's sections whose dataclass has a docstring of its own
+    (imagegen-bench's modes): --help heads their options with it."""
+    docs = {}
+    for f in fields(schema):
+        kind = f.default_factory() if f.default_factory is not MISSING else None
+        doc = type(kind).__doc__ or "" if is_dataclass(kind) else ""
+        if doc and not doc.startswith(type(kind).__name__ + "("):        # not the signature dataclass writes
+            docs[f.name] = " ".join(doc.split())
+    return docs
+
+
 def type_name(t):
     return t.__name__ if isinstance(t, type) else str(t).replace("typing.", "")

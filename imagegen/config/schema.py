@@ -309,10 +309,91 @@ class SpeedrunOptions:
 
 
 @dataclass
+class Timed:
+    """What attention and train_step share: the linear attention's variants and the repetitions."""
+    feature_maps: List[str] = opt(["elu"], "the linear attention's feature maps, each NAME[:N_FEATURES][+gate], e.g. "
+                                           "[elu, favor:64, favor:128, rff, elu+gate]")
+    repeat: int = opt(3, "timed repetitions")
+
+
+@dataclass
+class AttentionBenchOptions(Timed):
+    """imagegen-bench mode=attention: the causal attention alone, forward and forward+backward."""
+    lengths: List[int] = opt([784, 3072, 8192, 16384], "sequence lengths")
+    batch: int = opt(4, "batch size")
+    heads: int = opt(8, "heads")
+    head_dim: int = opt(32, "head dim E = M")
+    impls: List[str] = opt(["softmax", "cumsum", "chunked", "kernel", "triton", "auto"],
+                           "implementations (triton: CUDA only)")
+    dtypes: List[str] = opt(["float32"], "float32 and/or bfloat16")
+    cumsum_max_gb: float = opt(12.0, "skip cumsum where its states would exceed this")
+
+
+@dataclass
+class TrainStepOptions(Timed):
+    """imagegen-bench mode=train_step: the whole model's training step, softmax against linear."""
+    batch: int = opt(16, "batch size")
+    lengths: Dict[str, int] = opt({"mnist": 784, "cifar10": 3072}, "length per dataset")
+    precisions: List[str] = opt(["float32", "auto"], "float32, bfloat16 (autocast), auto (bfloat16 where fast)")
+
+
+@dataclass
+class SamplingOptions:
+    """imagegen-bench mode=sampling (images/sec of each sampler); compare and paper time their samplers with
+    step_batches, recompute_batches, n_positions, reps and max_cache_gb too."""
+    methods: List[str] = opt(["linear-recurrent", "softmax-kv-cache", "softmax-recompute", "lsh-recompute"],
+                             "samplers to time")
+    step_batches: List[int] = opt([1, 16, 64, 256], "batch sizes of the step samplers")
+    recompute_batches: List[int] = opt([1, 4], "batch sizes of the recompute samplers")
+    max_cache_gb: float = opt(8.0, "skip KV-cache batch sizes whose cache would exceed this")
+    n_positions: int = opt(9, "positions timed, then integrated over all D")
+    probe_positions: List[int] = opt([100, 3000], "positions whose latency ratio is reported")
+    reps: int = opt(5, "timed steps per position")
+    precisions: List[str] = opt(["float32", "auto"], "precisions of the matrix products (float32, bfloat16, auto: "
+                                                     "bfloat16 where fast (its random weights record no int8 "
+                                                     "cost); int8: 8-bit Dense weights, CPU)")
+    plot_batch: int = opt(64, "batch size of the latency plot (or the nearest measured one)")
+    plot_log: bool = opt(False, "log-scale ms axis in the latency plot")
+    lsh_options: Dict[str, Any] = opt({"n_hashes": 1, "n_buckets": 64, "chunk_size": 32}, "LSH options")
+
+
+@dataclass
+class CompareOptions:
+    """imagegen-bench mode=compare: the paper's table for trained checkpoints."""
+    checkpoints: List[str] = opt([], "checkpoints to put in the table")
+    split: str = opt("test", "split to evaluate")
+
+
+@dataclass
+class BrowserOptions:
+    """imagegen-bench mode=browser: the exported page's step in headless Chromium beside Python's."""
+    batches: List[int] = opt([1, 16], "batch sizes (random weights of the preset, linear attention)")
+    steps: int = opt(100, "timed steps per measurement (after 10 warm-up steps)")
+    rounds: int = opt(3, "alternating Python / browser rounds; medians reported")
+
+
+@dataclass
+class PaperOptions:
+    """imagegen-bench mode=paper: every attention trained alike, then test bits/dim against images/sec."""
+    attentions: List[str] = opt(["softmax", "linear", "lsh", "lsh4"], "the attentions to train and compare, named "
+                                                                      "as model= names them (conf/model/)")
+    budget: str = opt("minutes", "each attention's training budget: minutes (equal minutes each) or steps")
+    minutes: float = opt(30.0, "paper.budget=minutes: minutes of training per attention")
+    steps: int = opt(2000, "paper.budget=steps: optimizer steps per attention")
+    jobs: int = opt(0, "training processes at once (0: one per CPU core this process may use; never more than "
+                       "those cores)")
+
+
+@dataclass
+class ProbesOptions:
+    """imagegen-bench mode=probes: the cached speed verdicts of the auto settings and why each is trusted."""
+    clear: bool = opt(False, "remove the cached verdicts (each is timed again when next needed)")
+
+
+@dataclass
 class BenchConfig:
-    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser, paper, speedrun or probes (the "
-                                "cached speed verdicts of the auto settings and why each is trusted)")
-    clear: bool = opt(False, "probes: remove the cached verdicts (each is timed again when next needed)")
+    """imagegen-bench: the options every mode shares, then one section per mode (sampling.step_batches=...)."""
+    mode: str = opt("sampling", "attention, train_step, sampling, compare, browser, paper, speedrun or probes")
     overwrite: bool = opt(False, "replace a table, JSON or plot in out_dir that imagegen did not write there or that "
                                  "changed since (refused before anything is measured without it)")
     out_dir: str = opt("bench", "folder for the Markdown tables, JSON and plots")
@@ -323,54 +404,19 @@ class BenchConfig:
     quick: bool = opt(False, "attention, train_step, sampling: a run of about a minute on 2 cores (fewer cases); "
                              "paper: the whole pipeline in about two minutes (a tiny model, a few steps each, "
                              "a small test subset)")
-    methods: List[str] = opt(["linear-recurrent", "softmax-kv-cache", "softmax-recompute", "lsh-recompute"],
-                             "sampling: samplers to time")
-    step_batches: List[int] = opt([1, 16, 64, 256], "sampling: batch sizes of the step samplers")
-    recompute_batches: List[int] = opt([1, 4], "sampling: batch sizes of the recompute samplers")
-    max_cache_gb: float = opt(8.0, "sampling: skip KV-cache batch sizes whose cache would exceed this")
-    n_positions: int = opt(9, "sampling: positions timed, then integrated over all D")
-    probe_positions: List[int] = opt([100, 3000], "sampling: positions whose latency ratio is reported")
-    reps: int = opt(5, "sampling: timed steps per position")
-    sampling_precisions: List[str] = opt(["float32", "auto"], "sampling: precisions of the matrix products "
-                                                              "(float32, bfloat16, auto: bfloat16 where fast (its "
-                                                              "random weights record no int8 cost); int8: 8-bit "
-                                                              "Dense weights, CPU)")
-    plot_batch: int = opt(64, "sampling: batch size of the latency plot (or the nearest measured one)")
-    plot_log: bool = opt(False, "sampling: log-scale ms axis in the latency plot")
-    lsh_options: Dict[str, Any] = opt({"n_hashes": 1, "n_buckets": 64, "chunk_size": 32}, "sampling: LSH options")
-    checkpoints: List[str] = opt([], "compare: checkpoints to put in the table")
-    split: str = opt("test", "compare: split to evaluate")
     max_images: Optional[int] = opt(None, "compare and paper: bits/dim over the first N images of the split "
                                           "(null: all)")
     eval_data: DataOverride = field(default_factory=DataOverride)
-    attentions: List[str] = opt(["softmax", "linear", "lsh", "lsh4"], "paper: the attentions to train and compare, "
-                                                                        "named as model= names them (conf/model/)")
-    budget: str = opt("minutes", "paper: each attention's training budget: minutes (equal minutes each) or steps")
-    minutes: float = opt(30.0, "paper, budget=minutes: minutes of training per attention")
-    steps: int = opt(2000, "paper, budget=steps: optimizer steps per attention")
-    jobs: int = opt(0, "paper: training processes at once (0: one per CPU core this process may use; never more "
-                       "than those cores)")
-    lengths: List[int] = opt([784, 3072, 8192, 16384], "attention: sequence lengths")
-    batch: int = opt(4, "attention: batch size")
-    heads: int = opt(8, "attention: heads")
-    head_dim: int = opt(32, "attention: head dim E = M")
-    impls: List[str] = opt(["softmax", "cumsum", "chunked", "kernel", "triton", "auto"],
-                           "attention: implementations (triton: CUDA only)")
-    attention_dtypes: List[str] = opt(["float32"], "attention: float32 and/or bfloat16")
-    feature_maps: List[str] = opt(["elu"], "attention and train_step: the linear attention's feature maps, each "
-                                           "NAME[:N_FEATURES][+gate], e.g. [elu, favor:64, favor:128, rff, elu+gate]")
-    repeat: int = opt(3, "attention and train_step: timed repetitions")
-    cumsum_max_gb: float = opt(12.0, "attention: skip cumsum where its states would exceed this")
-    train_batch: int = opt(16, "train_step: batch size")
-    train_lengths: Dict[str, int] = opt({"mnist": 784, "cifar10": 3072}, "train_step: length per dataset")
-    browser_batches: List[int] = opt([1, 16], "browser: batch sizes (random weights of the preset, linear attention)")
-    browser_steps: int = opt(100, "browser: timed steps per measurement (after 10 warm-up steps)")
-    browser_rounds: int = opt(3, "browser: alternating Python / browser rounds; medians reported")
-    train_precisions: List[str] = opt(["float32", "auto"], "train_step: float32, bfloat16 (autocast), auto "
-                                                           "(bfloat16 where fast)")
-    speedrun: SpeedrunOptions = field(default_factory=SpeedrunOptions)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    attention: AttentionBenchOptions = field(default_factory=AttentionBenchOptions)
+    train_step: TrainStepOptions = field(default_factory=TrainStepOptions)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    compare: CompareOptions = field(default_factory=CompareOptions)
+    browser: BrowserOptions = field(default_factory=BrowserOptions)
+    paper: PaperOptions = field(default_factory=PaperOptions)
+    speedrun: SpeedrunOptions = field(default_factory=SpeedrunOptions)
+    probes: ProbesOptions = field(default_factory=ProbesOptions)
     # the presets set train.* too; only mode=paper reads it, passing it on to imagegen-train (whose --help
     # lists it), so --help does not list it here
     train: TrainOptions = field(default_factory=TrainOptions, metadata={"hidden": True})

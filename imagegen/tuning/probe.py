@@ -20,7 +20,7 @@ timed (the 1-minute load average, less the probe's own threads: the other proces
 again when it was taken on a busy machine (and this one is not busy now), when it is older than MAX_AGE_DAYS,
 or when it was marginal (within NEAR of the margin) and is a day old; a verdict of an older cache, which
 recorded no load, is timed again once. `listing()` gives every cached verdict with the reason it is trusted
-or not (imagegen-bench mode=probes shows them; clear=true removes them: `clear()`).
+or not (imagegen-bench mode=probes shows them; probes.clear=true removes them: `clear()`).
 
 IMAGEGEN_PROBE=0 turns every probe off: callers then fall back to
 their rules (CPU flags for bfloat16, the head-dimension rule for the kernel).

@@ -17,7 +17,8 @@ path really runs, timed once per machine in float32 and in bfloat16 through `ima
 (training: autocast Dense products forward and backward; evaluation: forward; sampling: the decoding
 step's products at the batch in use, prepacked or through the C++ step's own loop, as the sampler
 runs them), bfloat16 only when it is `probe.MARGIN` times faster. IMAGEGEN_PROBE=0 falls back to the
-capability rule (`tuning.machine.fast_bf16`); CUDA keeps that rule. Timings on CPUs with and without bfloat16 hardware: docs/notes/code-measurements.md.
+capability rule (`tuning.machine.fast_bf16`); CUDA keeps that rule. Timings on CPUs with and without
+bfloat16 hardware: docs/notes/code-measurements.md.
 """
 import torch
 

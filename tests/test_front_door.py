@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 PACKAGE = Path(imagegen.__file__).parent
 BELOW = ("imagegen.model", "imagegen.ops", "imagegen.sampling")       # what the API stands in front of
-THIN = ("sample.py", "evaluate.py", "convert.py")                                  # commands that reach nothing below at all
+THIN = ("sample.py", "evaluate.py", "convert.py")                     # commands that reach nothing below at all
 WITHOUT_A_MODEL = {"prepare.py": {"imagegen.sampling.decode.grid"}}    # draws a dataset's images: no Model to ask
 TINY = {"attention": "linear", "attention_options": {"impl": "chunked"}, "n_layers": 1, "d_model": 16,
         "n_heads": 2, "d_ff": 32, "head": "categorical", "n_mixtures": 10, "dropout": 0.0, "num_classes": 10}

@@ -291,7 +291,8 @@ def card(args, record, command):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=sorted(RECIPES), default="cifar10")
-    p.add_argument("--data-root", default=None, help="the data set's folder (default: $IMAGEGEN_DATA/NAME or data/NAME)")
+    p.add_argument("--data-root", default=None,
+                   help="the data set's folder (default: $IMAGEGEN_DATA/NAME or data/NAME)")
     p.add_argument("--out", default=None,
                    help="STEM: writes STEM.safetensors, .json, .md (default: checkpoints/judges/NAME)")
     p.add_argument("--widths", type=int, nargs=3, default=None, help="default: the data set's recipe's")

@@ -10,7 +10,8 @@ from .schema import (ACTIVATIONS, ATTENTION_OPTIONS, SCHEMAS, BenchConfig, Check
 from .registry import describe, options, register, sections, type_name
 
 __all__ = ["ACTIVATIONS", "attention_options", "ATTENTION_OPTIONS", "BenchConfig", "check_classes", "check_device",
-           "check_eval", "check_model", "check_sample", "check_sampling", "check_threads", "check_train", "CheckpointCommand",
+           "check_eval", "check_model", "check_sample", "check_sampling", "check_threads", "check_train",
+           "CheckpointCommand",
            "class_numbers", "ConvertConfig", "DataConfig", "DataOverride", "describe", "EvalConfig", "ExportConfig",
            "fits", "fraction", "full_attention_options", "LinearOptions", "LSHOptions", "MAX_SEED", "ModelConfig",
            "opt", "options", "PackConfig", "PlotConfig", "positive", "PrepareConfig", "register", "SampleConfig",

@@ -215,7 +215,8 @@ class PixelTransformer(nn.Module):
         # one map it computes
         maps = [b.attn.step_form(s.attn.S.dtype) if getattr(s.attn, "form", None) in ("fused", "mapped") else None
                 for b, s in zip(self.blocks, layers)]
-        if whole_model_kernel and kernel_form and self.activation == "gelu" and all(maps) and len({name for name, _ in maps}) == 1:
+        one_map = all(maps) and len({name for name, _ in maps}) == 1
+        if whole_model_kernel and kernel_form and self.activation == "gelu" and one_map:
             state.kernel = self.kernel_weights(layers, maps)
         return state
 

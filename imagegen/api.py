@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import torch
@@ -48,6 +47,7 @@ from .ops.allocator import for_device
 from .ops.build import prebuilt_only
 from .ops.dense import forward_int8_product
 from .precision import decide_precision, slow_bf16_note, why_not_int8
+from .sampling.plan import Plan
 from .sampling.decode import (completion_rows, generate, grid, int8_forward, name_rows, resolve_sampler,
                               sampler_label, to_images)
 from .sampling.threads import choose_threads
@@ -118,32 +118,6 @@ def use_device(device: str | torch.device = "cpu", threads: int | None = 0) -> t
     if threads is not None and (device.type == "cpu" or threads):
         _threads.fit_threads(int(threads))
     return device
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How a call of Model runs here, decided before it runs (Model.sampling_plan, Model.scoring_plan).
-
-    Attributes:
-        dtype: the products': torch.float32, torch.bfloat16 or dtypes.INT8 (int8 Dense products, CPU).
-        precision: its name: float32, bfloat16 or int8.
-        reason: why precision=auto chose it ("" for the other settings).
-        note: a line when that dtype is slow here (emulated bfloat16), else None.
-        sampler: step (an RNN or a KV cache) or recompute; None for scoring.
-        loop: what the sampler amounts to here: recurrent, kv-cache or recompute; None for scoring.
-        batch: images drawn at a time (at most the images asked for); None for scoring.
-        int8_product: scoring at int8: how its products quantize activations, "per row" (the C++ kernel's,
-            wherever it builds: a figure independent of the batch) or "per call" (fbgemm's); else None
-            (sampling at int8 picks its product as it decodes).
-    """
-    dtype: torch.dtype
-    precision: str
-    reason: str = ""
-    note: Optional[str] = None
-    sampler: Optional[str] = None
-    loop: Optional[str] = None
-    batch: Optional[int] = None
-    int8_product: Optional[str] = None
 
 
 class Model:

@@ -1,7 +1,13 @@
 """The typed configs in Hydra's ConfigStore (`register`) and listed for --help (`describe`, `options`)."""
 from dataclasses import MISSING, fields, is_dataclass
 
-from .schema import ATTENTION_OPTIONS, SCHEMAS
+from .bench import BenchConfig
+from .schema import (ATTENTION_OPTIONS, ConvertConfig, EvalConfig, ExportConfig, PackConfig, PlotConfig, PrepareConfig,
+                     SampleConfig, TrainConfig, UnpackConfig)
+
+SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "bench": BenchConfig,
+           "plot": PlotConfig, "export": ExportConfig, "convert": ConvertConfig, "prepare": PrepareConfig,
+           "pack": PackConfig, "unpack": UnpackConfig}
 
 
 def register():

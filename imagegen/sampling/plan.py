@@ -1,4 +1,5 @@
-"""How a model decodes on this machine, chosen outside the model (which only holds its parameters, its
+"""How a call runs on this machine, decided before it runs (Plan: the public API's sampling and scoring plans),
+and how a model decodes here, chosen outside the model (which only holds its parameters, its
 forward and its step): `decoding_state` makes the state `PixelTransformer.step` reads with these choices, and
 `make_step` the sampler's step function, on CUDA a compiled CUDA graph that this plan keeps (GRAPHED).
 
@@ -9,6 +10,8 @@ the loop's Python work, which a product-by-product timing does not see (figures:
 docs/notes/code-measurements.md).
 """
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -19,6 +22,32 @@ from ..tuning import probe
 from .cuda_graph_step import GraphedStep
 
 STEPS = 3   # decoding steps per timed call
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a call of Model runs here, decided before it runs (Model.sampling_plan, Model.scoring_plan).
+
+    Attributes:
+        dtype: the products': torch.float32, torch.bfloat16 or dtypes.INT8 (int8 Dense products, CPU).
+        precision: its name: float32, bfloat16 or int8.
+        reason: why precision=auto chose it ("" for the other settings).
+        note: a line when that dtype is slow here (emulated bfloat16), else None.
+        sampler: step (an RNN or a KV cache) or recompute; None for scoring.
+        loop: what the sampler amounts to here: recurrent, kv-cache or recompute; None for scoring.
+        batch: images drawn at a time (at most the images asked for); None for scoring.
+        int8_product: scoring at int8: how its products quantize activations, "per row" (the C++ kernel's,
+            wherever it builds: a figure independent of the batch) or "per call" (fbgemm's); else None
+            (sampling at int8 picks its product as it decodes).
+    """
+    dtype: torch.dtype
+    precision: str
+    reason: str = ""
+    note: Optional[str] = None
+    sampler: Optional[str] = None
+    loop: Optional[str] = None
+    batch: Optional[int] = None
+    int8_product: Optional[str] = None
 
 
 def int8_one_call(model, batch):

@@ -86,6 +86,22 @@ def test_attention_options_without_plus(mnist_root, tmp_path):
                                                   "redraw_every": 0, "gate": "none"}
 
 
+def test_an_override_the_grammar_cannot_read_is_named_with_its_fix():
+    """An apostrophe inside a quoted value (Hydra's grammar ends the quote there) or a broken list: one sentence
+    naming the override and how to write it, not the parser's bare message."""
+    from imagegen import config
+    from imagegen.commands.cli import compose
+    from imagegen.errors import UserError
+    config.register()
+    apostrophe = r"""cannot read "speedrun.load='the helpers' tests'" .*apostrophe inside it as \\'"""
+    with pytest.raises(UserError, match=apostrophe):
+        compose("bench", ["mode=speedrun", "speedrun.load='the helpers' tests'"])
+    with pytest.raises(UserError, match=r"cannot read 'speedrun.budgets=\[1,' .*a list as key=\[a,b\]\.$"):
+        compose("bench", ["mode=speedrun", "speedrun.budgets=[1,"])
+    assert compose("bench", ["mode=speedrun", r"speedrun.load='the helpers\' tests'"]).speedrun.load == \
+        "the helpers' tests"
+
+
 def test_attention_options_compose_typed():
     from imagegen import config
     from imagegen.commands.cli import compose

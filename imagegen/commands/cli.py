@@ -120,6 +120,19 @@ def check_choices(argv, groups, config_name):
                     raise UserError(f"unknown {key} {choice!r}; choose one of: {', '.join(valid)}.")
 
 
+def unreadable(overrides):
+    """The first override Hydra's grammar cannot parse on its own, or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException:
+            return override
+    return None
+
+
 def compose(config_name, overrides):
     """The config Hydra would build for these overrides, or a UserError saying which one is bad."""
     from hydra import compose as hydra_compose, initialize_config_dir
@@ -132,6 +145,11 @@ def compose(config_name, overrides):
     except (HydraException, OmegaConfBaseException) as e:
         cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        if (bad := unreadable(overrides)) is not None:
+            quoting = any(c in bad for c in "'\" ")
+            fix = ("quote a value with spaces as key='a b' (in the shell: \"key='a b'\") and write an apostrophe "
+                   "inside it as \\'" if quoting else "write it as key=value, a list as key=[a,b]")
+            raise UserError(f"cannot read {bad!r} ({first}): {fix}.") from None
         where = str(e).strip().splitlines()[0]
         where = "" if first in where else where.rstrip(".") + ": "       # Hydra's lexer: the same text twice
         key = getattr(cause, "full_key", None)

@@ -159,16 +159,24 @@ _forced = Forced()
 
 
 @contextlib.contextmanager
+def _forcing(name, value):
+    """Inside: the setting `_forced.<name>` is value; after, what it was."""
+    before = getattr(_forced, name)
+    setattr(_forced, name, value)
+    try:
+        yield
+    finally:
+        setattr(_forced, name, before)
+
+
+@contextlib.contextmanager
 def forced_product(kind):
     """Inside: decoding's int8 products are `kind`'s ("kernel": the C++ kernel's, so the one-call step;
     "fbgemm": fbgemm's, so the module loop), whatever `takes_kernel` and decoding's probe would pick."""
     if kind not in ("kernel", "fbgemm"):
         raise ValueError(f"forced_product takes 'kernel' or 'fbgemm', not {kind!r}")
-    before, _forced.kind = _forced.kind, kind
-    try:
+    with _forcing("kind", kind):
         yield
-    finally:
-        _forced.kind = before
 
 
 def forced():
@@ -200,11 +208,8 @@ def forced_form(form):
     if form != "auto" and form not in forms:
         raise UserError(f"int8 form {form!r} is not one this CPU runs; use auto or one of {', '.join(forms) or 'none'} "
                         f"(the C++ kernel's: python -m imagegen.ops builds it).")
-    before, _forced.form = _forced.form, form
-    try:
+    with _forcing("form", form):
         yield
-    finally:
-        _forced.form = before
 
 
 def asked_form():

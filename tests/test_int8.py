@@ -132,9 +132,10 @@ def test_api_generates_at_int8():
 def test_sampling_benchmark_measures_int8():
     from imagegen.benchmarks import sampling
     from imagegen.data.sets import dataset_info
-    cfg = {"seed": 0, "n_positions": 2, "probe_positions": [], "sampling_precisions": ["float32", "int8"], "reps": 1,
-           "methods": ["linear-recurrent", "softmax-recompute"], "step_batches": [1, 8], "recompute_batches": [2],
-           "max_cache_gb": 1.0, "lsh_options": {}, "arch_name": "tiny", "quick": True}
+    cfg = {"seed": 0, "arch_name": "tiny", "quick": True, "sampling": {
+        "n_positions": 2, "probe_positions": [], "precisions": ["float32", "int8"], "reps": 1,
+        "methods": ["linear-recurrent", "softmax-recompute"], "step_batches": [1, 8], "recompute_batches": [2],
+        "max_cache_gb": 1.0, "lsh_options": {}}}
     model = {"attention": "linear", "attention_options": {}, "n_layers": 1, "d_model": 16, "n_heads": 2, "d_ff": 32,
              "head": "categorical", "n_mixtures": 2, "dropout": 0.0}
     result = sampling.run(cfg, model, dataset_info("mnist"))

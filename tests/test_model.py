@@ -27,10 +27,13 @@ def test_relu2_model_steps_as_its_forward_in_the_module_loop_and_is_checked():
     """model.activation=relu2: the feed-forward is relu(x)^2 in the forward and the step alike (float64), the
     step runs the module loop (the one-call C++ step computes GELU), and the browser page and a bad name are
     refused in one sentence."""
+    from imagegen.config import ACTIVATIONS
     from imagegen.config.checks import check_model
     from imagegen.config.schema import ModelConfig
+    from imagegen.model.transformer import ACTIVATION
     from imagegen.web.site import page_config
     from dataclasses import asdict
+    assert set(ACTIVATION) == set(ACTIVATIONS)          # the names the config accepts are the ones the model builds
     torch.manual_seed(0)
     model = PixelTransformer(12, 1, 4, "linear", n_layers=2, d_model=32, n_heads=4, d_ff=64, head="categorical",
                              activation="relu2").double().eval()

@@ -2,6 +2,7 @@
 the validation target, the precision a run keeps, and imagegen-bench mode=speedrun's record."""
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,10 +10,11 @@ import torch
 from commands import TRAIN, call, one_line_error, run
 from fixtures import assert_same_training, tiny_model
 from imagegen.benchmarks import speedrun
+from imagegen.config import TrainOptions
 from imagegen.training.optim import Muon, MuonAdamW, is_hidden_matrix, make_optimizer
 from imagegen.training.trainer import lr_factor, zero_output_projections
 
-MUON = {"optimizer": "muon", "lr": 1e-2, "betas": [0.9, 0.98], "weight_decay": 0.0}
+MUON = TrainOptions(optimizer="muon", lr=1e-2, betas=[0.9, 0.98], weight_decay=0.0)
 
 
 def loss_of(model, seed):
@@ -66,13 +68,13 @@ def test_muon_state_dict_round_trip_continues_exactly():
 
 
 def test_each_group_follows_the_schedule_from_its_own_peak():
-    t = {"warmup_steps": 10, "max_steps": 110, "max_minutes": None, "min_lr_ratio": 0.1}
+    t = TrainOptions(warmup_steps=10, max_steps=110, max_minutes=None, min_lr_ratio=0.1)
     assert lr_factor(t, 0, 0) == pytest.approx(0.1) and lr_factor(t, 9, 0) == pytest.approx(1.0)
     assert lr_factor(t, 60, 0) == pytest.approx(0.1 + 0.9 * 0.5)
     assert lr_factor(t, 110, 0) == pytest.approx(0.1)
-    assert lr_factor({**t, "max_minutes": 1.0}, 10, 30.0) == pytest.approx(0.55)      # the time budget binds
+    assert lr_factor(replace(t, max_minutes=1.0), 10, 30.0) == pytest.approx(0.55)      # the time budget binds
     model = tiny_model()
-    opt = make_optimizer(model, {**MUON, "muon_lr": 0.05})
+    opt = make_optimizer(model, replace(MUON, muon_lr=0.05))
     assert [g["lr"] for g in opt.param_groups] == [0.05, 1e-2]
 
 

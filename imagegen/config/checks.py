@@ -8,7 +8,8 @@ from typing import Any
 
 from ..errors import UserError
 from .registry import type_name
-from .schema import ACTIVATIONS, ATTENTION_OPTIONS
+from .schema import ACTIVATIONS, ATTENTION_OPTIONS, TrainConfig
+from .typed import plain, typed
 
 
 def attention_options(attention, options, schema=None):
@@ -97,13 +98,13 @@ TRAIN_FLOATS = {"lr": "> 0", "weight_decay": ">= 0", "grad_clip": ">= 0 (0: no c
 def check_train_floats(cfg):
     """Every float of imagegen-train's config finite (train.*, its betas, data.val_fraction), before a range check
     or the optimizer sees it."""
-    t = cfg["train"]
+    t = cfg.train
     for key, span in TRAIN_FLOATS.items():
-        if t.get(key) is not None:
-            finite(t[key], f"train.{key}", span)
-    for beta in t["betas"]:
+        if getattr(t, key) is not None:
+            finite(getattr(t, key), f"train.{key}", span)
+    for beta in t.betas:
         finite(beta, "train.betas", "in [0, 1), two of them")
-    finite(cfg["data"]["val_fraction"], "data.val_fraction", "in (0, 1)")
+    finite(cfg.data.val_fraction, "data.val_fraction", "in (0, 1)")
 
 
 def check_model(m, memory_bytes=None, prefix="model.", length=None):
@@ -137,41 +138,43 @@ def check_model(m, memory_bytes=None, prefix="model.", length=None):
 
 
 def check_train(cfg, memory_bytes=None, length=None):
-    """The train, data and model sections of an imagegen-train config; length: the data's sequence length D."""
-    t = cfg["train"]
+    """The train, data and model sections of an imagegen-train config (a TrainConfig, or a dict of one);
+    length: the data's sequence length D."""
+    cfg = typed(TrainConfig, cfg)
+    t = cfg.train
     check_train_floats(cfg)
-    positive(t, ("batch_size", "lr", "max_steps", "val_every", "val_images", "save_every", "log_every",
-                 "sample_images"), "train.")
-    if t["max_minutes"] is not None:
-        positive(t, ("max_minutes",), "train.")
-    if t.get("clock", "wall") not in ("wall", "cpu"):
-        raise UserError(f"train.clock must be wall or cpu, got {t['clock']!r}.")
+    positive(vars(t), ("batch_size", "lr", "max_steps", "val_every", "val_images", "save_every", "log_every",
+                       "sample_images"), "train.")
+    if t.max_minutes is not None:
+        positive(vars(t), ("max_minutes",), "train.")
+    if t.clock not in ("wall", "cpu"):
+        raise UserError(f"train.clock must be wall or cpu, got {t.clock!r}.")
     for key in ("warmup_steps", "weight_decay", "grad_clip", "sample_every", "sample_minutes"):
-        if t[key] < 0:
-            raise UserError(f"train.{key} must be >= 0, got {t[key]}.")
-    fraction(t["min_lr_ratio"], "train.min_lr_ratio")
-    fraction(t["label_dropout"], "train.label_dropout")
-    if not 0 <= t["ema"] < 1:
-        raise UserError(f"train.ema must lie in [0, 1) (0: off), got {t['ema']}.")
-    if len(t["betas"]) != 2 or not all(0 <= b < 1 for b in t["betas"]):
-        raise UserError(f"train.betas must be two numbers in [0, 1), got {t['betas']}.")
+        if getattr(t, key) < 0:
+            raise UserError(f"train.{key} must be >= 0, got {getattr(t, key)}.")
+    fraction(t.min_lr_ratio, "train.min_lr_ratio")
+    fraction(t.label_dropout, "train.label_dropout")
+    if not 0 <= t.ema < 1:
+        raise UserError(f"train.ema must lie in [0, 1) (0: off), got {t.ema}.")
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        raise UserError(f"train.betas must be two numbers in [0, 1), got {t.betas}.")
     check_recipe(t)
-    fraction(cfg["data"]["val_fraction"], "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
-    check_model(cfg["model"], memory_bytes, length=length)
-    if cfg["model"]["attention"] in ATTENTION_OPTIONS:     # an option the attention lacks (+key=...), a wrong type
-        attention_options(cfg["model"]["attention"], cfg["model"].get("attention_options"))
+    fraction(cfg.data.val_fraction, "data.val_fraction", low_open=True, high_open=True)  # both splits non-empty
+    check_model(plain(cfg.model), memory_bytes, length=length)
+    if cfg.model.attention in ATTENTION_OPTIONS:     # an option the attention lacks (+key=...), a wrong type
+        attention_options(cfg.model.attention, cfg.model.attention_options)
 
 
 def check_recipe(t):
-    """The speedrun's options of the train section: Muon's, the validation target."""
-    if t.get("optimizer", "adamw") not in ("adamw", "adam", "radam", "muon"):
-        raise UserError(f"train.optimizer must be adamw, adam, radam or muon, got {shown(t['optimizer'])}.")
-    if t.get("muon_lr") is not None:
-        positive(t, ("muon_lr",), "train.")
-    if not 0 <= t.get("muon_momentum", 0.95) < 1:
-        raise UserError(f"train.muon_momentum must lie in [0, 1), got {t['muon_momentum']}.")
-    if t.get("target_bpd") is not None:
-        positive(t, ("target_bpd",), "train.")
+    """The speedrun's options of the train section (TrainOptions): Muon's, the validation target."""
+    if t.optimizer not in ("adamw", "adam", "radam", "muon"):
+        raise UserError(f"train.optimizer must be adamw, adam, radam or muon, got {shown(t.optimizer)}.")
+    if t.muon_lr is not None:
+        positive(vars(t), ("muon_lr",), "train.")
+    if not 0 <= t.muon_momentum < 1:
+        raise UserError(f"train.muon_momentum must lie in [0, 1), got {t.muon_momentum}.")
+    if t.target_bpd is not None:
+        positive(vars(t), ("target_bpd",), "train.")
 
 
 # Guidance past this stops helping: above G = 1 a value is lifted at most e^((G-1)B) times over p_c

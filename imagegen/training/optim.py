@@ -64,19 +64,19 @@ def newton_schulz(g, coefficients, steps, eps, dtype):
 
 
 def make_optimizer(model, t, bf16=False):
-    """The optimizer of train.optimizer over `model`'s parameters (t: the train section); bf16: the run
+    """The optimizer of train.optimizer over `model`'s parameters (t: the TrainOptions); bf16: the run
     trains under bfloat16 autocast (Muon then orthogonalises in bfloat16, as torch's does)."""
     kinds = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "radam": torch.optim.RAdam}
-    adam = dict(lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
-    if t["optimizer"] in kinds:
-        return kinds[t["optimizer"]](model.parameters(), **adam)
-    if t["optimizer"] != "muon":
-        raise UserError(f"unknown optimizer {t['optimizer']!r}; choose one of {', '.join(KINDS)}.")
+    adam = dict(lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+    if t.optimizer in kinds:
+        return kinds[t.optimizer](model.parameters(), **adam)
+    if t.optimizer != "muon":
+        raise UserError(f"unknown optimizer {t.optimizer!r}; choose one of {', '.join(KINDS)}.")
     named = list(model.named_parameters())
     hidden = [p for n, p in named if is_hidden_matrix(n, p)]
     rest = [p for n, p in named if not is_hidden_matrix(n, p)]
-    muon = Muon(hidden, dtype=torch.bfloat16 if bf16 else torch.float32, lr=t.get("muon_lr") or t["lr"],
-                weight_decay=t["weight_decay"], momentum=t.get("muon_momentum", 0.95), adjust_lr_fn="match_rms_adamw")
+    muon = Muon(hidden, dtype=torch.bfloat16 if bf16 else torch.float32, lr=t.muon_lr or t.lr,
+                weight_decay=t.weight_decay, momentum=t.muon_momentum, adjust_lr_fn="match_rms_adamw")
     return MuonAdamW(muon, torch.optim.AdamW(rest, **adam))
 
 

@@ -1,13 +1,14 @@
 """What a run dir holds belongs to one run. Called by the trainer on rank 0 once it holds the run
 dir's lock, before anything is written:
 
-  start(run_dir, cfg, resuming)   a fresh run (nothing to resume) where an earlier run left files:
+  start(run_dir, t, cfg, resuming)  a fresh run (nothing to resume) where an earlier run left files:
                                   refused when that run has checkpoints and train.resume=false was
                                   asked without train.overwrite=true (its best.pt may be the better
                                   model); otherwise its files are moved into run_dir/previous-<time>/
                                   (a dead run's metrics rows are never interleaved with this run's);
-                                  then the config record .hydra/config.yaml and overrides.yaml is
-                                  written (Hydra itself writes nothing: see conf/train.yaml).
+                                  then the config record .hydra/config.yaml (cfg, the plain dict the
+                                  checkpoints hold) and overrides.yaml is written (Hydra itself writes
+                                  nothing: see conf/train.yaml); t: the run's TrainOptions.
 """
 import os
 import time
@@ -42,11 +43,10 @@ def set_aside(run_dir, paths):
     return folder
 
 
-def start(run_dir, cfg, resuming, say=show):
-    t = cfg["train"]
+def start(run_dir, t, cfg, resuming, say=show):
     if not resuming:
         held = [name for name in CHECKPOINTS if (Path(run_dir) / name).exists()]
-        if held and not t["resume"] and not t.get("overwrite"):
+        if held and not t.resume and not t.overwrite:
             raise UserError(f"run_dir {run_dir} holds another run's {' and '.join(held)}, which train.resume=false "
                             f"would replace; pass train.overwrite=true to move that run's files into "
                             f"{run_dir}/previous-<time>/ and start over, drop train.resume=false to continue it, "

@@ -5,6 +5,7 @@ import mmap
 import torch
 
 from imagegen.benchmarks import attention, sampling, timing
+from imagegen.config import BenchConfig, ModelConfig, typed
 
 PAGE = mmap.PAGESIZE
 
@@ -53,5 +54,5 @@ def test_sampling_rows_have_time_per_position_and_faults(monkeypatch):
     result = sampling.run(cfg, model, dataset_info("mnist"))
     row = result["results"][0]
     assert row["ms_per_position"] == row["seconds_per_batch"] / 784 * 1e3 and row["faults_per_call"] >= 0
-    md = sampling.report(result, cfg, "tiny", dataset_info("mnist"), model)
+    md = sampling.report(result, typed(BenchConfig, cfg), "tiny", dataset_info("mnist"), typed(ModelConfig, model))
     assert "ms / position (batch) | page faults / step |" in md

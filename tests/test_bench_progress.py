@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from imagegen.benchmarks import attention, progress
+from imagegen.config import BenchConfig, typed
 
 CPU = torch.device("cpu")
 ATTENTION = {"mode": "attention", "quick": True, "attention": {
@@ -44,13 +45,15 @@ def test_quick_settings():
          "train_step": {"batch": 16, "repeat": 3, "precisions": ["float32", "auto"],
                         "lengths": {"mnist": 784, "cifar10": 3072}},
          "sampling": {"step_batches": [4], "max_cache_gb": 1.0}}
-    q = progress.apply_quick(c)
-    assert q["train_step"] == {"batch": 2, "repeat": 1, "precisions": ["float32"], "lengths": {"cifar10": 3072}}
+    q = progress.apply_quick(c).train_step
+    assert (q.batch, q.repeat, q.precisions, q.lengths) == (2, 1, ["float32"], {"cifar10": 3072})
     assert c["train_step"]["batch"] == 16                                   # the config itself is left alone
-    assert progress.apply_quick({**c, "quick": False}) == {**c, "quick": False}
-    assert progress.apply_quick({**c, "mode": "attention"})["attention"]["lengths"] == [784, 3072]
-    quick = progress.apply_quick({**c, "mode": "sampling"})["sampling"]
-    assert quick["step_batches"] == [1, 16] and quick["max_cache_gb"] == 1.0      # merged into the section
+    typed_c = typed(BenchConfig, c)
+    assert progress.apply_quick(typed_c).train_step.batch == 2 and typed_c.train_step.batch == 16
+    assert progress.apply_quick({**c, "quick": False}) == typed(BenchConfig, {**c, "quick": False})
+    assert progress.apply_quick({**c, "mode": "attention"}).attention.lengths == [784, 3072]
+    quick = progress.apply_quick({**c, "mode": "sampling"}).sampling
+    assert quick.step_batches == [1, 16] and quick.max_cache_gb == 1.0      # merged into the section
 
 
 def test_sampling_rows_are_written_as_they_come_and_a_stopped_run_keeps_them(tmp_path, monkeypatch, capsys):

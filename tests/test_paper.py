@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ from imagegen import config
 from imagegen.benchmarks import paper
 from imagegen.benchmarks.progress import apply_quick
 from imagegen.commands.cli import compose
+from imagegen.config import BenchConfig
+from imagegen.config.bench import PaperOptions
 from imagegen.errors import UserError
 from imagegen.training.runstate import RunState
 
@@ -48,25 +51,24 @@ def composed(name, args):
 
 
 def bench_cfg(mnist_root, options=None, **kw):
-    """The quick paper config, its paper section updated with options and the rest with kw."""
+    """The quick paper config (a BenchConfig), its paper section updated with options and the rest with kw."""
     cfg = apply_quick(composed("bench", ["mode=paper", "quick=true", f"data.root={mnist_root}", "data.download=false",
                                          "arch_name=paper_mnist"]))        # what the command resolves from preset=
-    return {**cfg, "paper": {**cfg["paper"], **(options or {})}, **kw}
+    return replace(cfg, paper=replace(cfg.paper, **(options or {})), **kw)
 
 
 def test_each_run_gets_the_same_architecture_seed_and_budget(mnist_root, tmp_path):
-    c = bench_cfg(mnist_root, seed=3, train={**bench_cfg(mnist_root)["train"], "betas": [0.8, 0.9],
-                                            "init": None})
+    c = bench_cfg(mnist_root, seed=3, train=replace(bench_cfg(mnist_root).train, betas=[0.8, 0.9], init=None))
     runs = {a: composed("train", paper.train_args(c, a, tmp_path / "runs" / f"mnist-{a}")) for a in ATTENTIONS}
     for attention, t in runs.items():
-        assert {k: t["model"][k] for k in paper.ARCH_KEYS} == {k: c["model"][k] for k in paper.ARCH_KEYS}
+        assert {k: t["model"][k] for k in paper.ARCH_KEYS} == {k: getattr(c.model, k) for k in paper.ARCH_KEYS}
         assert t["seed"] == 3 and t["threads"] == 1 and t["train"]["progress"] is False
         assert (t["train"]["max_steps"], t["train"]["max_minutes"]) == (32, None)
-        assert t["train"]["betas"] == [0.8, 0.9] and t["train"]["lr"] == c["train"]["lr"]
+        assert t["train"]["betas"] == [0.8, 0.9] and t["train"]["lr"] == c.train.lr
         assert t["data"]["root"] == str(mnist_root) and t["run_dir"].endswith(f"runs/mnist-{attention}")
     assert [runs[a]["model"]["attention"] for a in ATTENTIONS] == ["softmax", "linear", "lsh", "lsh"]
     assert runs["lsh4"]["model"]["attention_options"]["n_hashes"] == 4
-    minutes = paper.train_args({**c, "paper": {**c["paper"], "budget": "minutes", "minutes": 2.5}}, "linear",
+    minutes = paper.train_args(replace(c, paper=replace(c.paper, budget="minutes", minutes=2.5)), "linear",
                                tmp_path / "r")
     t = composed("train", minutes)["train"]
     assert t["max_minutes"] == 2.5 and t["max_steps"] == paper.UNBOUNDED_STEPS
@@ -74,7 +76,7 @@ def test_each_run_gets_the_same_architecture_seed_and_budget(mnist_root, tmp_pat
 
 def test_never_more_processes_than_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert [paper.slots({"paper": {"jobs": j}}) for j in (0, 1, 2, 8)] == [2, 1, 2, 2]
+    assert [paper.slots(BenchConfig(paper=PaperOptions(jobs=j))) for j in (0, 1, 2, 8)] == [2, 1, 2, 2]
 
 
 @pytest.mark.parametrize("change, says", [({"attentions": ["linear", "rnn"]}, "unknown attention 'rnn'"),
@@ -235,7 +237,7 @@ def run_checkpoint(path, c, attention, options=None, data="mnist", step=32):
     of `data` that stopped at `step`."""
     from imagegen.data.sets import dataset_info
     from imagegen.model.transformer import build_model
-    model = {**{k: c["model"][k] for k in paper.ARCH_KEYS}, "dropout": 0.0, "attention": attention,
+    model = {**{k: getattr(c.model, k) for k in paper.ARCH_KEYS}, "dropout": 0.0, "attention": attention,
              "attention_options": options or {}}
     cfg = {"model": model, "train": {"batch_size": 4},
            "data": {"name": data, "root": "/nonexistent", "download": False, "val_fraction": 0.05, "split_seed": 0}}

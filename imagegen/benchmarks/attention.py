@@ -16,6 +16,7 @@ from ..data.sets import dataset_info
 from ..errors import UserError
 from ..model.transformer import build_model
 from ..attention.feature_maps import FEATURE_MAPS, make_feature_map
+from ..config import BenchConfig, plain, typed
 from ..ops import (TRITON_DEVICES, gated_linear_attention, kernel_error, linear_attention, mapped_linear_attention,
                    triton_error)
 from ..dtypes import autocast
@@ -174,27 +175,29 @@ def training_step(model_cfg, name, L, batch, precision, device):
 
 def attention_cases(c, impls):
     """The (dtype, L, impl) cases of mode=attention, in the order they are timed."""
-    a = c["attention"]
-    return [(dtype, L, impl) for dtype in a["dtypes"] for L in a["lengths"] for impl in impls]
+    a = c.attention
+    return [(dtype, L, impl) for dtype in a.dtypes for L in a.lengths for impl in impls]
 
 
 def run_attention(c, device, out_dir=None):
     """Time every case; with out_dir, the plan first and the table and JSON rewritten there row by
-    row (`progress.Progress`). -> ({"rows": rows}, markdown). Its options: c["attention"]."""
-    a = c["attention"]
-    N, H, E = a["batch"], a["heads"], a["head_dim"]
-    impls = [i for i in a["impls"] if i == "softmax" or i in LINEAR_IMPLS]
+    row (`progress.Progress`). -> ({"rows": rows}, markdown). c: a BenchConfig (or a dict of one); its options:
+    c.attention."""
+    c = typed(BenchConfig, c)
+    a = c.attention
+    N, H, E = a.batch, a.heads, a.head_dim
+    impls = [i for i in a.impls if i == "softmax" or i in LINEAR_IMPLS]
     if "kernel" in impls and kernel_error(device.type, warn=True) is not None:
         impls.remove("kernel")
     if "triton" in impls and (device.type not in TRITON_DEVICES or triton_error(device.type, warn=True) is not None):
         impls.remove("triton")                    # Triton rows on CUDA only (the CPU runs it interpreted, for tests)
-    unknown = [d for d in a["dtypes"] if d not in DTYPES]
+    unknown = [d for d in a.dtypes if d not in DTYPES]
     if unknown:
         raise UserError(f"unknown dtype {unknown[0]!r} in attention.dtypes; use {' or '.join(DTYPES)}.")
-    specs = a.get("feature_maps") or ["elu"]
+    specs = a.feature_maps or ["elu"]
     for spec in specs:
         parse_map(spec)                                                   # bad entries fail before any timing
-    memory = not c.get("quick")                   # quick: no subprocess per case for its peak memory
+    memory = not c.quick                          # quick: no subprocess per case for its peak memory
     cols = [("dtype", "dtype", None), ("L", "N (length)", None), ("impl", "impl", None), ("map", "feature map", None),
             ("fwd_ms", "fwd ms", "{:.2f}"), ("fwd_bwd_ms", "fwd+bwd ms", "{:.2f}"),
             ("bwd_over_fwd", "bwd / fwd", "{:.2f}"),
@@ -213,7 +216,7 @@ def run_attention(c, device, out_dir=None):
                 row["speedup_fwd_bwd"] = soft["fwd_bwd_ms"] / row["fwd_bwd_ms"]
                 if soft.get("peak_mib") and row.get("peak_mib"):
                     row["memory_vs_softmax"] = row["peak_mib"] / soft["peak_mib"]
-        md = (f"Causal attention, B={N}, H={H}, D=M={E}, {' and '.join(a['dtypes'])}, {device}. softmax = "
+        md = (f"Causal attention, B={N}, H={H}, D=M={E}, {' and '.join(a.dtypes)}, {device}. softmax = "
               f"scaled_dot_product_attention(is_causal=True) (flash on CUDA); linear: normalised, with the feature map "
               f"named (F features; +gate: random feature attention's gate, chunked form), its features computed in "
               f"the timed call. bwd / fwd = (fwd+bwd - fwd) / fwd, the backward run from a fixed random gradient "
@@ -221,23 +224,23 @@ def run_attention(c, device, out_dir=None):
               f"linear attention); page faults: minor faults (getrusage) per timed call, ~0 once memory is reused."
               f"{'' if memory else ' quick: peak memory not measured.'}\n"
               f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
-        return {"config": c, "machine": machine(), "rows": rows}, md
+        return {"config": plain(c), "machine": machine(), "rows": rows}, md
 
     cases = [(dtype, L, impl, spec) for dtype, L, impl in attention_cases(c, impls)
              for spec in (["-"] if impl == "softmax" else specs)
              if not (spec != "-" and "gate" in parse_map(spec) and impl not in ("chunked", "auto"))]  # gate: chunked
     names = [f"{d} L={L} {i}" + ("" if m in ("-", "elu") else f" {m}") for d, L, i, m in cases]
     progress = Progress(out_dir, "attention", names, render,
-                        c.get("quick")) if out_dir is not None else None
+                        c.quick) if out_dir is not None else None
     rows = []
     for dtype, L, impl, spec in cases:
         cumsum_gb = 4 * N * H * L * n_features(spec, E) * (E + 1) * 4 / 2 ** 30   # states, grads, temporaries
         base = {"dtype": dtype, "L": L, "impl": impl, "map": spec}
-        if impl == "cumsum" and cumsum_gb > a["cumsum_max_gb"]:
+        if impl == "cumsum" and cumsum_gb > a.cumsum_max_gb:
             row = {**base, "note": f"skipped: needs ~{cumsum_gb:.0f} GiB"}
             line = f"{dtype} L={L:6d} {impl:8s} {spec:12s} {row['note']}"
         else:
-            timing = time_case(impl, spec, N, H, L, E, device, dtype, a["repeat"])
+            timing = time_case(impl, spec, N, H, L, E, device, dtype, a.repeat)
             fwd, fwd_bwd = timing["fwd_ms"], timing["fwd_bwd_ms"]
             mem = peak_memory(impl, N, H, L, E, device, dtype, torch.get_num_threads(), spec) if memory else None
             row = {**base, **timing, "bwd_over_fwd": backward_over_forward(fwd, fwd_bwd),
@@ -259,12 +262,13 @@ def run_train_step(c, device, out_dir=None):
     """One optimizer step of the whole model (the configured architecture) per length,
     precision (float32, or bfloat16 autocast as train.bf16 runs it) and attention, with memory set
     up as every command sets it (commands.cli.resolve_device); with out_dir, the plan first and rows
-    written as they come. Its options: c["train_step"]."""
-    t = c["train_step"]
-    precisions, note = resolve_precisions(t["precisions"], device, "train_step.precisions", FLOAT_PRECISIONS)
+    written as they come. c: a BenchConfig (or a dict of one); its options: c.train_step."""
+    c = typed(BenchConfig, c)
+    t = c.train_step
+    precisions, note = resolve_precisions(t.precisions, device, "train_step.precisions", FLOAT_PRECISIONS)
     if note:
         print(note)
-    specs = t.get("feature_maps") or ["elu"]
+    specs = t.feature_maps or ["elu"]
     variants = [("softmax", "softmax", {})] + [("linear" if spec == "elu" else f"linear {spec}", "linear",
                                                 {"impl": "auto", **parse_map(spec)}) for spec in specs]
     cols = [("data", "data", None), ("length", "length", None), ("precision", "precision", None),
@@ -280,24 +284,24 @@ def run_train_step(c, device, out_dir=None):
                 row["speedup"] = soft["step_ms"] / row["step_ms"]
                 if soft.get("peak_mib") and row.get("peak_mib"):
                     row["memory_vs_softmax"] = row["peak_mib"] / soft["peak_mib"]
-        md = (f"Whole-model training step (forward, backward, AdamW), {c['model']['n_layers']} layers, d_model "
-              f"{c['model']['d_model']}, batch {t['batch']}, float32 or bfloat16 autocast, {device}.\n"
+        md = (f"Whole-model training step (forward, backward, AdamW), {c.model.n_layers} layers, d_model "
+              f"{c.model.d_model}, batch {t.batch}, float32 or bfloat16 autocast, {device}.\n"
               f"Machine: {machine()}.\n\n" + markdown_table(rows, cols))
-        return {"config": c, "machine": machine(), "rows": rows}, md
+        return {"config": plain(c), "machine": machine(), "rows": rows}, md
 
-    cases = [(name, L, precision, variant) for name, L in t["lengths"].items() for precision in precisions
+    cases = [(name, L, precision, variant) for name, L in t.lengths.items() for precision in precisions
              for variant in variants]
     progress = Progress(out_dir, "train_step", [f"{n} L={L} {p} {v[0]}" for n, L, p, v in cases], render,
-                        c.get("quick")) if out_dir is not None else None
+                        c.quick) if out_dir is not None else None
     rows = []
-    memory = not c.get("quick")                   # quick: no subprocess per case for its peak memory
+    memory = not c.quick                          # quick: no subprocess per case for its peak memory
     for name, L, precision, (label, attention, options) in cases:
-        model_cfg = {**c["model"], "attention": attention, "attention_options": options}
-        step = training_step(model_cfg, name, L, t["batch"], precision, device)
-        mem = in_child(f"train_step_peak_child({model_cfg!r}, {name!r}, {L}, {t['batch']}, {precision!r}, "
+        model_cfg = {**plain(c.model), "attention": attention, "attention_options": options}
+        step = training_step(model_cfg, name, L, t.batch, precision, device)
+        mem = in_child(f"train_step_peak_child({model_cfg!r}, {name!r}, {L}, {t.batch}, {precision!r}, "
                        f"{str(device)!r})", torch.get_num_threads(), f"{label} at L={L}") if memory else None
         rows.append({"data": name, "length": L, "precision": precision, "attention": label,
-                     "step_ms": median_ms(step, device, t["repeat"]),
+                     "step_ms": median_ms(step, device, t.repeat),
                      "peak_mib": None if mem is None else mem / 2 ** 20})
         del step
         line = f"{name} L={L} {precision} {label:18s} {rows[-1]['step_ms']:.1f} ms/step"

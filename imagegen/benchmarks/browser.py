@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import BenchConfig, ModelConfig, plain, typed
 from ..errors import UserError
 from ..web.site import write_site
 from ..model.transformer import build_model
@@ -71,11 +72,13 @@ def chromium(profile_dir):
 
 
 def run(cfg, model_cfg, info):
-    """Random weights of the configured architecture, linear attention; returns {"rows": [...], ...}."""
-    torch.manual_seed(cfg["seed"])
-    model = build_model({**model_cfg, "attention": "linear", "attention_options": {"impl": "auto"}}, info).eval()
+    """Random weights of the configured architecture (model_cfg: a ModelConfig, or a dict of one), linear attention;
+    cfg: a BenchConfig (or a dict of one). Returns {"rows": [...], ...}."""
+    cfg, model_cfg = typed(BenchConfig, cfg), typed(ModelConfig, model_cfg)
+    torch.manual_seed(cfg.seed)
+    model = build_model({**plain(model_cfg), "attention": "linear", "attention_options": {"impl": "auto"}}, info).eval()
     python_path = "one C++ call" if model.init_state(1, torch.device("cpu")).kernel is not None else "PyTorch per layer"
-    batches, steps, D = cfg["browser"]["batches"], cfg["browser"]["steps"], info.length
+    batches, steps, D = cfg.browser.batches, cfg.browser.steps, info.length
     times = {(who, b): [] for who in ("python", "wasm", "js") for b in batches}
     with tempfile.TemporaryDirectory() as tmp:
         write_site(model, info.name, Path(tmp) / "site")
@@ -86,7 +89,7 @@ def run(cfg, model_cfg, info):
                                    timeout=120_000)
             if page.evaluate("window.imagegen.status") == "error":
                 raise UserError(f"the exported page failed to load: {page.evaluate('window.imagegen.error')}")
-            for r in range(cfg["browser"]["rounds"]):
+            for r in range(cfg.browser.rounds):
                 for b in batches:
                     times[("python", b)].append(step_latency(model, b, D // 2, reps=steps) * 1e3)
                     for engine in ("wasm", "js"):
@@ -124,10 +127,10 @@ def report(result, cfg, arch_name, info, model_cfg):
     cols = [("sampler", "sampler", None), ("batch", "batch", None), ("ms_per_step", "ms per step", "{:.3f}"),
             ("images_per_sec", "images/sec", "{:.3g}"), ("vs_batch1", "images/sec over its first batch's", "{:.2f}"),
             ("vs_python_batch1", "x Python's batch-1 step", "{:.2f}")]
-    return (f"Decoding-step speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
-            f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, d_ff {model_cfg['d_ff']}, "
-            f"{model_cfg['head']} head, "
-            f"{info.length} sub-pixels), random weights, float32; median of {cfg['browser']['rounds']} alternating "
+    return (f"Decoding-step speed, {arch_name} architecture ({model_cfg.n_layers} layers, d_model "
+            f"{model_cfg.d_model}, {model_cfg.n_heads} heads, d_ff {model_cfg.d_ff}, "
+            f"{model_cfg.head} head, "
+            f"{info.length} sub-pixels), random weights, float32; median of {cfg.browser.rounds} alternating "
             f"rounds "
             f"of {result['steps']} steps.\nMachine: {machine()}; {result['chromium']}.\n\n"
             + markdown_table(result["rows"], cols))

@@ -7,6 +7,7 @@ only when it was written for that very checkpoint (modification time and step), 
 split and with the same max_images; rows over different image counts are refused."""
 import json
 
+from ..config import BenchConfig, typed
 from ..store import checkpoint, shipped
 from ..data.sets import dataset_info
 from ..errors import UserError
@@ -56,15 +57,17 @@ def current_eval(path, ck, split, max_images):
 
 def run(cfg, evaluate):
     """evaluate(path) -> the result dict of imagegen-eval (bits_per_dim, images), called when no
-    current evaluation JSON exists. Its options: cfg["compare"], its timing cfg["sampling"]'s."""
-    split, timing = cfg["compare"]["split"], cfg["sampling"]
-    if not cfg["compare"]["checkpoints"]:
+    current evaluation JSON exists. cfg: a BenchConfig (or a dict of one); its options: cfg.compare, its timing
+    cfg.sampling's."""
+    cfg = typed(BenchConfig, cfg)
+    split, timing = cfg.compare.split, cfg.sampling
+    if not cfg.compare.checkpoints:
         raise UserError("mode=compare needs compare.checkpoints=[a.pt,b.pt,...].")
     rows, models = [], []
-    for p in cfg["compare"]["checkpoints"]:           # bits/dim first: a mismatch stops before the timing
+    for p in cfg.compare.checkpoints:           # bits/dim first: a mismatch stops before the timing
         path = shipped.resolve(p)
         ck = checkpoint.load(path, hint="compare.checkpoints=[a.pt,b.pt,...]")
-        result, source = current_eval(path, ck, split, cfg["max_images"]), "json"
+        result, source = current_eval(path, ck, split, cfg.max_images), "json"
         if result is None:
             result, source = evaluate(path), "computed"
         models.append((path, ck))
@@ -81,9 +84,9 @@ def run(cfg, evaluate):
         model = checkpoint.model_from_checkpoint(ck, path).eval()
         info = dataset_info(ck["config"]["data"])
         sampler = resolve_sampler(model, "auto")
-        positions = timed_positions(info.length, timing["n_positions"])
-        batches = timing["step_batches"] if sampler == "step" else timing["recompute_batches"]
-        speeds = {b: b / measure(model, sampler, b, positions, timing["reps"])[0] for b in batches}
+        positions = timed_positions(info.length, timing.n_positions)
+        batches = timing.step_batches if sampler == "step" else timing.recompute_batches
+        speeds = {b: b / measure(model, sampler, b, positions, timing.reps)[0] for b in batches}
         batch = max(speeds, key=speeds.get)
         row.update({"parameters": sum(t.numel() for t in model.parameters()),
                     "sampler": sampler_label(model, sampler), "batch": batch, "images_per_sec": speeds[batch]})

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from .. import plots
+from ..config import BenchConfig, plain, typed
 from ..data.sets import dataset_info, load_from_config
 from ..errors import UserError
 from ..files import write_bytes, write_owned
@@ -65,41 +66,41 @@ def model_names():
 
 
 def check(c):
-    """The paper section's options (c["paper"]) and max_images: one sentence naming the option and the fix."""
-    names, p = model_names(), c["paper"]
-    if not p["attentions"] or len(set(p["attentions"])) != len(p["attentions"]):
+    """The paper section's options (c.paper) and max_images: one sentence naming the option and the fix."""
+    names, p = model_names(), c.paper
+    if not p.attentions or len(set(p.attentions)) != len(p.attentions):
         raise UserError(f"paper.attentions must list each attention once, e.g. paper.attentions=[softmax,linear], "
-                        f"got {p['attentions']}.")
-    unknown = [a for a in p["attentions"] if a not in names]
+                        f"got {p.attentions}.")
+    unknown = [a for a in p.attentions if a not in names]
     if unknown:
         raise UserError(f"unknown attention {unknown[0]!r} in paper.attentions; choose among {', '.join(names)}.")
-    if p["budget"] not in ("minutes", "steps"):
-        raise UserError(f"paper.budget must be minutes or steps, got {p['budget']!r}.")
-    if p["budget"] == "minutes" and not p["minutes"] > 0:
-        raise UserError(f"paper.minutes must be > 0, got {p['minutes']}.")
-    if p["budget"] == "steps" and not p["steps"] > 0:
-        raise UserError(f"paper.steps must be > 0, got {p['steps']}.")
-    if p["jobs"] < 0:
-        raise UserError(f"paper.jobs must be >= 0 (0: one per CPU core), got {p['jobs']}.")
-    if c["max_images"] is not None and c["max_images"] <= 0:
-        raise UserError(f"max_images must be a positive number or null (all), got {c['max_images']}.")
+    if p.budget not in ("minutes", "steps"):
+        raise UserError(f"paper.budget must be minutes or steps, got {p.budget!r}.")
+    if p.budget == "minutes" and not p.minutes > 0:
+        raise UserError(f"paper.minutes must be > 0, got {p.minutes}.")
+    if p.budget == "steps" and not p.steps > 0:
+        raise UserError(f"paper.steps must be > 0, got {p.steps}.")
+    if p.jobs < 0:
+        raise UserError(f"paper.jobs must be >= 0 (0: one per CPU core), got {p.jobs}.")
+    if c.max_images is not None and c.max_images <= 0:
+        raise UserError(f"max_images must be a positive number or null (all), got {c.max_images}.")
 
 
 def budget(c):
     """(train.max_steps, train.max_minutes) of every run."""
-    p = c["paper"]
-    return (p["steps"], None) if p["budget"] == "steps" else (UNBOUNDED_STEPS, float(p["minutes"]))
+    p = c.paper
+    return (p.steps, None) if p.budget == "steps" else (UNBOUNDED_STEPS, float(p.minutes))
 
 
 def slots(c):
     """Training processes at once (each of one thread): one per CPU core this process may use, at most paper.jobs and
     at most `threads` (the cores the command was given: threads=1 keeps the whole comparison on one core)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, c["paper"]["jobs"] or cores, c.get("threads") or cores))
+    return max(1, min(cores, c.paper.jobs or cores, c.threads or cores))
 
 
 def run_name(c, attention):
-    return f"{c['data']['name']}-{attention}"
+    return f"{c.data.name}-{attention}"
 
 
 def train_args(c, attention, run_dir):
@@ -110,20 +111,20 @@ def train_args(c, attention, run_dir):
     args = [f"model={attention}"]
     if (CONF_DIR / "data" / f"{data['name']}.yaml").exists():
         args.append(f"data={data['name']}")
-    if (CONF_DIR / "preset" / f"{c['arch_name']}.yaml").exists():
-        args.append(f"preset={c['arch_name']}")                 # the record; the values below decide
-    args += [f"model.{k}={hydra_value(c['model'][k])}" for k in ARCH_KEYS + ("dropout",) if k in c["model"]]
+    if (CONF_DIR / "preset" / f"{c.arch_name}.yaml").exists():
+        args.append(f"preset={c.arch_name}")                 # the record; the values below decide
+    args += [f"model.{k}={hydra_value(getattr(c.model, k))}" for k in ARCH_KEYS + ("dropout",)]
     args += [f"data.{k}={hydra_value(v)}" for k, v in data.items() if k in dataset_keys()]
-    args += [f"train.{k}={hydra_value(v)}" for k, v in c["train"].items() if k not in SWEEP_KEYS]
+    args += [f"train.{k}={hydra_value(v)}" for k, v in plain(c.train).items() if k not in SWEEP_KEYS]
     args += [f"train.max_steps={max_steps}", f"train.max_minutes={hydra_value(max_minutes)}", "train.clock=cpu",
-             "train.progress=false", f"run_dir={hydra_value(str(run_dir))}", f"seed={c['seed']}", "threads=1",
-             f"device={hydra_value(c['device'])}"]
+             "train.progress=false", f"run_dir={hydra_value(str(run_dir))}", f"seed={c.seed}", "threads=1",
+             f"device={hydra_value(c.device)}"]
     return args
 
 
 def run_data(c):
-    """The data section every run trains on (its root absolute)."""
-    return {**c["data"], "root": str(Path(c["data"]["root"]).expanduser().resolve())}
+    """The data section every run trains on (a plain dict, its root absolute)."""
+    return {**plain(c.data), "root": str(Path(c.data.root).expanduser().resolve())}
 
 
 def check_data(c):
@@ -144,7 +145,7 @@ def run_model(c, attention):
     and the attention and options that its conf/model/<attention>.yaml sets."""
     from omegaconf import OmegaConf
     spec = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{attention}.yaml"))
-    return {**{k: c["model"][k] for k in ARCH_KEYS if k in c["model"]}, "attention": spec["attention"],
+    return {**{k: getattr(c.model, k) for k in ARCH_KEYS}, "attention": spec["attention"],
             "attention_options": spec.get("attention_options") or {}}
 
 
@@ -154,8 +155,8 @@ def check_run(c, attention, path, ck):
     copied in, or one of an earlier comparison with other settings), read from its own config."""
     diffs = architecture_diffs(ck["config"]["model"], run_model(c, attention))
     have = ck["config"]["data"].get("name")
-    if have != c["data"]["name"]:
-        diffs.append(f"data: {have} in checkpoint vs {c['data']['name']} now")
+    if have != c.data.name:
+        diffs.append(f"data: {have} in checkpoint vs {c.data.name} now")
     if diffs:
         raise UserError(f"{path} is not a {attention} run of this comparison ({'; '.join(diffs)}); move its run "
                         f"folder {Path(path).parent} away (the same command then trains {attention} there afresh), "
@@ -183,19 +184,19 @@ def status(c, attention, run_dir):
 def measure_speed(model, c, info):
     """Images/sec at the best batch of the model's own loop (and, for softmax, of recomputation),
     and seconds for one whole image at batch 1."""
-    timing = c["sampling"]
-    positions = timed_positions(info.length, timing["n_positions"])
+    timing = c.sampling
+    positions = timed_positions(info.length, timing.n_positions)
     attention = model.blocks[0].attn.name
 
     def best(sampler, batches):
         method = f"{attention}-{'recompute' if sampler == 'recompute' else 'step'}"     # skip_reason's label
         speeds = {}
         for b in batches:
-            reason = skip_reason(c, c["model"], info, model, method, attention, sampler, b, torch.float32)
+            reason = skip_reason(c, c.model, info, model, method, attention, sampler, b, torch.float32)
             if reason:
                 print(f"{attention}: skipping batch {b} ({reason})")
                 continue
-            seconds = measure(model, sampler, b, positions, timing["reps"])[0]
+            seconds = measure(model, sampler, b, positions, timing.reps)[0]
             speeds[b] = (b / seconds, seconds / b)
         if not speeds:
             raise UserError(f"every batch size of {attention}'s {sampler} loop was skipped; add smaller "
@@ -204,17 +205,17 @@ def measure_speed(model, c, info):
         return batch, speeds[batch][0], speeds.get(1, (None, None))[1]
 
     sampler = "step" if model.can_step else "recompute"
-    batch, speed, estimate = best(sampler, timing["step_batches"] if sampler == "step" else timing["recompute_batches"])
+    batch, speed, estimate = best(sampler, timing.step_batches if sampler == "step" else timing.recompute_batches)
     row = {"sampler": "recurrent" if attention == "linear" else ("kv-cache" if sampler == "step" else "recompute"),
            "batch": batch, "images_per_sec": speed}
     if sampler == "step":
-        row["whole_image_seconds"], row["whole_image_timed"] = whole_image_seconds(model, c["seed"]), True
+        row["whole_image_seconds"], row["whole_image_timed"] = whole_image_seconds(model, c.seed), True
     elif estimate is not None and estimate > WHOLE_IMAGE_LIMIT_S:
         row["whole_image_seconds"], row["whole_image_timed"] = estimate, False
     else:
-        row["whole_image_seconds"], row["whole_image_timed"] = whole_recompute_seconds(model, c["seed"]), True
+        row["whole_image_seconds"], row["whole_image_timed"] = whole_recompute_seconds(model, c.seed), True
     if attention == "softmax":
-        row["recompute_batch"], row["recompute_images_per_sec"], _ = best("recompute", timing["recompute_batches"])
+        row["recompute_batch"], row["recompute_images_per_sec"], _ = best("recompute", timing.recompute_batches)
     return row
 
 
@@ -232,7 +233,7 @@ def whole_recompute_seconds(model, seed=0):
 def measured_with(c, best_path, best_ck):
     """What a kept row was measured for: the best.pt and the settings (the row is reused when equal)."""
     return {"best_mtime": best_path.stat().st_mtime, "best_step": best_ck["state"]["step"], "split": "test",
-            "max_images": c["max_images"], **{k: c["sampling"][k] for k in TIMING}, "seed": c["seed"],
+            "max_images": c.max_images, **{k: getattr(c.sampling, k) for k in TIMING}, "seed": c.seed,
             "threads": torch.get_num_threads(), "cpu": cpu_name()}
 
 
@@ -269,12 +270,12 @@ def table_row(c, attention, run_dir, state, evaluate):
     key = measured_with(c, best_path, best_ck)
     if (kept := kept_row(kept_path, key, attention)) is not None:
         return kept
-    scored = current_eval(best_path, best_ck, "test", c["max_images"]) or evaluate(best_path)
+    scored = current_eval(best_path, best_ck, "test", c.max_images) or evaluate(best_path)
     model = checkpoint.model_from_checkpoint(best_ck, best_path).eval()
     info = dataset_info(best_ck["config"]["data"])
     print(f"{attention}: {scored['bits_per_dim']:.4f} test bits/dim over {scored['images']} images; timing its "
           f"sampling", flush=True)
-    row = {"data": c["data"]["name"], "attention": attention, "train_minutes": state.elapsed / 60,
+    row = {"data": c.data.name, "attention": attention, "train_minutes": state.elapsed / 60,
            "steps": state.step, "best_step": best_ck["state"]["step"], "test_bits_per_dim": scored["bits_per_dim"],
            "test_images": scored["images"], "parameters": sum(t.numel() for t in model.parameters()),
            **measure_speed(model, c, info), "cpu": cpu_name()}
@@ -292,11 +293,11 @@ def val_curve(run_dir):
 
 
 def report(rows, c):
-    p = c["paper"]
-    spent = f"{p['minutes']:g} minutes of training each" if p["budget"] == "minutes" else f"{p['steps']:,} steps each"
+    p = c.paper
+    spent = f"{p.minutes:g} minutes of training each" if p.budget == "minutes" else f"{p.steps:,} steps each"
     first = rows[0]
-    header = (f"The paper's comparison on {first['data']}: {c['arch_name']} architecture ({c['model']['n_layers']} "
-              f"layers, d_model {c['model']['d_model']}, {c['model']['n_heads']} heads), seed {c['seed']}, "
+    header = (f"The paper's comparison on {first['data']}: {c.arch_name} architecture ({c.model.n_layers} "
+              f"layers, d_model {c.model.d_model}, {c.model.n_heads} heads), seed {c.seed}, "
               f"{spent}, one thread per run; test bits/dim over {first['test_images']:,} test images (exact), "
               f"sampling with the trained weights at each loop's best batch, float32.\n"
               f"Machine: {machine()}.\n\n")
@@ -338,18 +339,19 @@ def plot_png(rows, curves, title):
 
 def run(c, evaluate):
     """The sweep, then the table. evaluate(path) -> imagegen-eval's result dict (bits_per_dim, images).
-    Returns (payload, markdown), written to out_dir/paper-<data>.json/.md/.png."""
+    Returns (payload, markdown), written to out_dir/paper-<data>.json/.md/.png. c: a BenchConfig (or a dict of one)."""
+    c = typed(BenchConfig, c)
     check(c)
-    out, attentions, p = Path(c["out_dir"]), c["paper"]["attentions"], c["paper"]
+    out, attentions, p = Path(c.out_dir), c.paper.attentions, c.paper
     runs = {a: out / "runs" / run_name(c, a) for a in attentions}
     states = {a: status(c, a, d) for a, d in runs.items()}         # a foreign run stops us before any training
     todo = [a for a in attentions if states[a][0] != "finished"]
     n_slots = min(slots(c), max(1, len(todo)))
     done = [a for a in attentions if a not in todo]
-    what = f"{p['minutes']:g} minutes" if p["budget"] == "minutes" else f"{p['steps']:,} steps"
+    what = f"{p.minutes:g} minutes" if p.budget == "minutes" else f"{p.steps:,} steps"
     resuming = [a for a in todo if states[a][0] == "unfinished"]
     n = len(attentions)
-    print(f"plan ({'quick' if c.get('quick') else 'full; quick=true for a ~2-minute run'}): {n} "
+    print(f"plan ({'quick' if c.quick else 'full; quick=true for a ~2-minute run'}): {n} "
           f"attention{'s' if n > 1 else ''} ({', '.join(attentions)}), {what} each, {n_slots} at a time, in "
           f"{out / 'runs'}" + (f"; finished already: {', '.join(done)}" if done else "")
           + (f"; resuming: {', '.join(resuming)}" if resuming else ""), flush=True)
@@ -371,11 +373,11 @@ def run(c, evaluate):
     rows = [table_row(c, a, runs[a], states[a][1], evaluate) for a in attentions]
     curves = {a: val_curve(runs[a]) for a in attentions}
     md = report(rows, c)
-    name = f"paper-{c['data']['name']}"
-    payload = {"config": c, "machine": machine(), "rows": rows,
+    name = f"paper-{c.data.name}"
+    payload = {"config": plain(c), "machine": machine(), "rows": rows,
                "curves": {a: {"minutes": m, "val_bits_per_dim": v} for a, (m, v) in curves.items()}}
     write_outputs(out, name, payload, md)
     png = out / f"{name}.png"
-    write_owned(png, plot_png(rows, curves, f"{c['data']['name']}, {c['arch_name']}"), "plot", True)     # recorded
+    write_owned(png, plot_png(rows, curves, f"{c.data.name}, {c.arch_name}"), "plot", True)     # recorded
     print(f"wrote {png}")
     return payload, md

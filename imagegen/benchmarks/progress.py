@@ -4,6 +4,7 @@ what it measured (its JSON says "partial": true until the last row). `quick=true
 settings that finish in about a minute on 2 cores (QUICK)."""
 import time
 
+from ..config import BenchConfig, typed
 from .report import write_outputs
 
 # per mode, the settings quick=true overrides, by section (the architecture is the preset's)
@@ -24,14 +25,17 @@ QUICK = {
 
 
 def apply_quick(c):
-    """c with QUICK's settings for its mode when c['quick'] is true, each section's merged into it (train_step:
-    only the data's own length)."""
-    if not c.get("quick"):
+    """c (a BenchConfig, or a dict of one) as a BenchConfig with QUICK's settings for its mode when c.quick is true,
+    each section's merged into it (train_step: only the data's own length); c itself is left alone."""
+    from omegaconf import OmegaConf
+
+    c = typed(BenchConfig, c)
+    if not c.quick:
         return c
-    c = {**c, **{k: ({**c[k], **v} if isinstance(v, dict) else v) for k, v in QUICK.get(c["mode"], {}).items()}}
-    if c["mode"] == "train_step":
-        name, lengths = c["data"]["name"], c["train_step"]["lengths"]
-        c["train_step"] = {**c["train_step"], "lengths": {name: lengths[name]} if name in lengths else lengths}
+    c = typed(BenchConfig, OmegaConf.merge(c, QUICK.get(c.mode, {})))
+    if c.mode == "train_step":
+        name, lengths = c.data.name, c.train_step.lengths
+        c.train_step.lengths = {name: lengths[name]} if name in lengths else lengths
     return c
 
 

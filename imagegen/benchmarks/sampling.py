@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from ..config import BenchConfig, ModelConfig, plain, typed
 from ..errors import UserError
 from ..memory import check_batch_fits
 from ..model.transformer import build_model
@@ -125,7 +126,7 @@ def row_of(name, precision, batch, positions, lat, D, probe_positions, faults=()
 
 
 def kv_cache_bytes(model_cfg, info, batch, dtype=torch.float32):
-    return batch * model_cfg["n_layers"] * info.length * 2 * model_cfg["d_model"] * dtype.itemsize
+    return batch * model_cfg.n_layers * info.length * 2 * model_cfg.d_model * dtype.itemsize
 
 
 def timed_positions(D, n, probes=()):
@@ -137,8 +138,8 @@ def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dt
     """Why this batch cannot be measured in this precision (a sentence), or None."""
     if attention == "softmax" and sampler == "step":
         cache_dtype = model.blocks[0].attn.init_state(0, 0, "cpu", dtype).k.dtype
-        if kv_cache_bytes(model_cfg, info, batch, cache_dtype) > cfg["sampling"]["max_cache_gb"] * 2 ** 30:
-            return f"KV cache over {cfg['sampling']['max_cache_gb']} GiB"
+        if kv_cache_bytes(model_cfg, info, batch, cache_dtype) > cfg.sampling.max_cache_gb * 2 ** 30:
+            return f"KV cache over {cfg.sampling.max_cache_gb} GiB"
     try:
         check_batch_fits(model, batch, sampler, torch.device("cpu"))
     except UserError as e:
@@ -147,28 +148,29 @@ def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dt
 
 
 def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
-    """cfg: the bench config (dict; its options: cfg["sampling"]); model_cfg: architecture (attention swapped per
-    method). With out_dir: the plan first, and out_dir/out_name.json and .md rewritten after every batch size."""
-    s = cfg["sampling"]
-    torch.manual_seed(cfg["seed"])
-    positions = timed_positions(info.length, s["n_positions"], s["probe_positions"])
-    precisions, note = resolve_precisions(s["precisions"], torch.device("cpu"), "sampling.precisions")
+    """cfg: the bench config (a BenchConfig, or a dict of one; its options: cfg.sampling); model_cfg: architecture
+    (a ModelConfig, or a dict of one; attention swapped per method). With out_dir: the plan first, and out_dir/out_name.json and .md rewritten after every batch size."""
+    cfg, model_cfg = typed(BenchConfig, cfg), typed(ModelConfig, model_cfg)
+    s = cfg.sampling
+    torch.manual_seed(cfg.seed)
+    positions = timed_positions(info.length, s.n_positions, s.probe_positions)
+    precisions, note = resolve_precisions(s.precisions, torch.device("cpu"), "sampling.precisions")
     if note:
         print(note)
     results, curves = [], {p: {} for p in precisions}
 
     def render(rows):
         result = summarize(rows, positions, precisions, curves)
-        return {"config": cfg, "machine": machine(), **result}, report(result, cfg, cfg["arch_name"], info, model_cfg)
+        return {"config": plain(cfg), "machine": machine(), **result}, report(result, cfg, cfg.arch_name, info, model_cfg)
 
     def batches_of(name):
-        return s["step_batches"] if METHODS[name][1] == "step" else s["recompute_batches"]
-    cases = [f"{name} batch {b}" for name in s["methods"] for b in batches_of(name)]
-    progress = Progress(out_dir, out_name, cases, render, cfg.get("quick")) if out_dir is not None else None
-    for name in s["methods"]:
+        return s.step_batches if METHODS[name][1] == "step" else s.recompute_batches
+    cases = [f"{name} batch {b}" for name in s.methods for b in batches_of(name)]
+    progress = Progress(out_dir, out_name, cases, render, cfg.quick) if out_dir is not None else None
+    for name in s.methods:
         attention, sampler = METHODS[name]
-        options = s["lsh_options"] if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
-        model = build_model({**model_cfg, "attention": attention, "attention_options": options}, info).eval()
+        options = s.lsh_options if attention == "lsh" else ({"impl": "auto"} if attention == "linear" else {})
+        model = build_model({**plain(model_cfg), "attention": attention, "attention_options": options}, info).eval()
         batches = batches_of(name)
         if name == "softmax-kv-cache-bf16":
             for block in model.blocks:
@@ -186,12 +188,12 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
             lat, faults = {p: [] for p in todo}, {p: [] for p in todo}
             for t in positions:                  # the precisions in turn at each position
                 for p in todo:
-                    lat[p].append(latency(model, sampler, batch, t, s["reps"], precision_dtype(p), faults[p]))
-            whole = {p: whole_image_seconds(model, cfg["seed"], precision_dtype(p))
+                    lat[p].append(latency(model, sampler, batch, t, s.reps, precision_dtype(p), faults[p]))
+            whole = {p: whole_image_seconds(model, cfg.seed, precision_dtype(p))
                      for p in todo if sampler == "step" and batch == 1}
             lines = []
             for precision in todo:
-                row = row_of(name, precision, batch, positions, lat[precision], model.length, s["probe_positions"],
+                row = row_of(name, precision, batch, positions, lat[precision], model.length, s.probe_positions,
                              faults[precision])
                 if precision in whole:
                     row["whole_image_seconds"] = whole[precision]
@@ -256,11 +258,11 @@ def report(result, cfg, arch_name, info, model_cfg):
             ("batch1_whole_vs_float32", "one whole image x float32", "{:.2f}"),
             ("step_ms_first", "step ms @0", "{:.2f}"), ("step_ms_last", "step ms @D-1", "{:.2f}"),
             ("ms_per_position", "ms / position (batch)", "{:.3f}"), ("faults_per_call", "page faults / step", "{:.0f}"),
-            ("latency_growth", "step latency @" + "/@".join(map(str, cfg["sampling"]["probe_positions"][::-1])),
+            ("latency_growth", "step latency @" + "/@".join(map(str, cfg.sampling.probe_positions[::-1])),
              "{:.2f}"),
             ("limit_share", "share of limit", "{:.0%}")]
-    header = (f"Sampling speed, {arch_name} architecture ({model_cfg['n_layers']} layers, d_model "
-              f"{model_cfg['d_model']}, {model_cfg['n_heads']} heads, {info.length} sub-pixels), "
+    header = (f"Sampling speed, {arch_name} architecture ({model_cfg.n_layers} layers, d_model "
+              f"{model_cfg.d_model}, {model_cfg.n_heads} heads, {info.length} sub-pixels), "
               f"{' and '.join(result['precisions'])} products (x slowest, linear is x faster: within one precision; "
               f"share of limit: the RNN step's time against its products at this CPU's measured FLOP/s plus its "
               f"weights and state at the measured bandwidth, benchmarks/step_limit.py; ms / position: the batch's "

@@ -23,6 +23,7 @@ import torch
 
 from ..attention.linear import LinearAttention
 from ..bits_per_dim import bits_per_dim
+from ..config import BenchConfig, plain, typed
 from ..data.sets import dataset_info, load_from_config
 from ..errors import UserError
 from ..files import folder_turn, write_bytes
@@ -37,12 +38,12 @@ PEAK_SIZE = 1024                                    # the square product timed f
 
 
 def check(s, data_name):
-    if not s["budgets"] or any(not b > 0 for b in s["budgets"]):
-        raise UserError(f"speedrun.budgets must list positive minutes, e.g. [4,6,8], got {s['budgets']}.")
-    if s["target"] is None and data_name not in TARGETS:
+    if not s.budgets or any(not b > 0 for b in s.budgets):
+        raise UserError(f"speedrun.budgets must list positive minutes, e.g. [4,6,8], got {s.budgets}.")
+    if s.target is None and data_name not in TARGETS:
         raise UserError(f"there is no default target for data={data_name}; pass speedrun.target=BITS_PER_DIM.")
-    if s["threads"] < 1:
-        raise UserError(f"speedrun.threads must be >= 1 (the record is timed at 1), got {s['threads']}.")
+    if s.threads < 1:
+        raise UserError(f"speedrun.threads must be >= 1 (the record is timed at 1), got {s.threads}.")
 
 
 def slug(text):
@@ -51,11 +52,11 @@ def slug(text):
 
 def train_argv(s, data, target, budget, seed, run_dir):
     """imagegen-train's command line for one run of the speedrun."""
-    return [sys.executable, "-c", CHILD, f"preset={s['preset']}", f"data={data['name']}",
-            f"data.root={hydra_value(data['root'])}", *s["overrides"], f"threads={s['threads']}",
+    return [sys.executable, "-c", CHILD, f"preset={s.preset}", f"data={data.name}",
+            f"data.root={hydra_value(data.root)}", *s.overrides, f"threads={s.threads}",
             "train.clock=cpu", f"train.max_minutes={budget!r}", f"train.target_bpd={target!r}",
-            f"train.val_images={s['val_images'] or VAL_IMAGES.get(data['name'], 1000)}",
-            f"train.val_every={s['val_every']}", "train.sample_every=0", "train.sample_minutes=0",
+            f"train.val_images={s.val_images or VAL_IMAGES.get(data.name, 1000)}",
+            f"train.val_every={s.val_every}", "train.sample_every=0", "train.sample_minutes=0",
             "train.progress=false", f"seed={seed}", f"run_dir={hydra_value(str(run_dir))}"]
 
 
@@ -125,18 +126,18 @@ def row_of(s, c, data, target, budget, run_dir):
     ck = checkpoint.load(Path(run_dir) / "last.pt")
     model = checkpoint.model_from_checkpoint(ck)
     steps, elapsed, wall = ck["state"]["step"], ck["state"]["elapsed"], ck["state"].get("wall") or None
-    batch, length = ck["config"]["train"]["batch_size"], dataset_info(data).length
+    batch, length = ck["config"]["train"]["batch_size"], dataset_info(plain(data)).length
     tokens_per_s = steps * batch * length / wall if wall else None          # at the run's threads
     flops = useful_flops_per_token(model)
     rate = flops * steps * batch * length / elapsed / 1e9 if elapsed else None   # per CPU-second: one core's
-    return {"data": data["name"], "preset": s["preset"], "change": s["change"], "overrides": list(s["overrides"]),
+    return {"data": data.name, "preset": s.preset, "change": s.change, "overrides": list(s.overrides),
             "target": target, "budget_minutes": budget, "reached": step is not None,
-            "cpu_seconds": cpu_s, "wall_seconds": wall_s, "steps": step, "threads": s["threads"],
+            "cpu_seconds": cpu_s, "wall_seconds": wall_s, "steps": step, "threads": s.threads,
             "run_steps": steps, "run_cpu_seconds": elapsed, "best_val_bpd": best, "tokens_per_s": tokens_per_s,
             "useful_gflops": rate, "flops_per_token": flops,
-            "test_bpd": test_bpd(run_dir, {**ck["config"]["data"], "root": data["root"]}, s["test_images"]),
-            "test_images": s["test_images"], "precision": ck.get("precision"), "seed": c["seed"],
-            "cpu": cpu_name(), "date": date.today().isoformat(), "kept": s["kept"], "load": s["load"],
+            "test_bpd": test_bpd(run_dir, {**ck["config"]["data"], "root": data.root}, s.test_images),
+            "test_images": s.test_images, "precision": ck.get("precision"), "seed": c.seed,
+            "cpu": cpu_name(), "date": date.today().isoformat(), "kept": s.kept, "load": s.load,
             "run_dir": str(run_dir)}
 
 
@@ -210,21 +211,23 @@ def add_row(record_path, row, peaks=None):
 
 
 def run(c):
-    s, data = c["speedrun"], c["data"]
-    check(s, data["name"])
-    target = s["target"] if s["target"] is not None else TARGETS[data["name"]]
-    out = Path(c["out_dir"]) / "speedrun-runs"
-    record_path = Path(s["record"])
+    """c: a BenchConfig (or a dict of one); its options: c.speedrun."""
+    c = typed(BenchConfig, c)
+    s, data = c.speedrun, c.data
+    check(s, data.name)
+    target = s.target if s.target is not None else TARGETS[data.name]
+    out = Path(c.out_dir) / "speedrun-runs"
+    record_path = Path(s.record)
     peaks = None if cpu_name() in read_record(record_path)["peaks"] else core_peaks()
-    for budget in sorted(s["budgets"]):
-        run_dir = out / f"{data['name']}-{slug(s['change'])}-{budget:g}m-s{c['seed']}"
-        argv, log = train_argv(s, data, target, budget, c["seed"], run_dir), out / f"{run_dir.name}.log"
+    for budget in sorted(s.budgets):
+        run_dir = out / f"{data.name}-{slug(s.change)}-{budget:g}m-s{c.seed}"
+        argv, log = train_argv(s, data, target, budget, c.seed, run_dir), out / f"{run_dir.name}.log"
         if sweep([(run_dir.name, argv, log)], 1):
             raise UserError(f"the run {run_dir.name} failed; its log: {log}.")
         row = row_of(s, c, data, target, budget, run_dir)
         add_row(record_path, row, peaks)
         said = (f"reached {target} in {row['cpu_seconds'] / 60:.2f} CPU min ({row['steps']} steps)" if row["reached"]
                 else f"did not reach {target} (best {row['best_val_bpd']:.4f})")
-        print(f"{s['change']}, budget {budget:g} min: {said}; wrote {record_path} and its .md", flush=True)
+        print(f"{s.change}, budget {budget:g} min: {said}; wrote {record_path} and its .md", flush=True)
         if row["reached"]:
             break

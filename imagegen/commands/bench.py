@@ -13,6 +13,7 @@ mode=probes      the cached speed verdicts of the `auto` settings, each with why
 from pathlib import Path
 
 from .cli import hydra_entry
+from ..config import BenchConfig, plain, typed
 from ..data.sets import dataset_info
 from ..errors import UserError
 
@@ -46,16 +47,13 @@ def probes(clear):
 def evaluator(c, device):
     """evaluate(path): imagegen-eval's result, at its defaults (config.EvalConfig), for a checkpoint on c's
     split (compare.split; the paper: test) and max_images."""
-    from dataclasses import asdict
-
-    from ..config import DataOverride, EvalConfig
+    from ..config import EvalConfig
     from .evaluate import evaluate
 
     def evaluated(path):
-        eval_cfg = EvalConfig(checkpoint=str(path), split=c["compare"]["split"] if c["mode"] == "compare" else "test",
-                              max_images=c["max_images"], data=DataOverride(**c["eval_data"]),
-                              overwrite=c.get("overwrite", False))
-        return evaluate(asdict(eval_cfg), device)
+        eval_cfg = EvalConfig(checkpoint=str(path), split=c.compare.split if c.mode == "compare" else "test",
+                              max_images=c.max_images, data=c.eval_data, overwrite=c.overwrite)
+        return evaluate(plain(eval_cfg), device)
     return evaluated
 
 
@@ -65,57 +63,57 @@ def check_outputs(c, out):
     from ..benchmarks.report import outputs
     from ..files import check_owned
 
-    data, arch = c["data"]["name"], c["arch_name"]
+    data, arch = c.data.name, c.arch_name
     names = {"sampling": [f"sampling-{data}-{arch}"], "browser": [f"browser-{data}-{arch}"], "compare": ["compare"],
-             "attention": ["attention"], "train_step": ["train_step"], "paper": [f"paper-{data}"]}.get(c["mode"], [])
-    plots = {"sampling": [f"sampling-{data}-{arch}-latency.png"], "paper": [f"paper-{data}.png"]}.get(c["mode"], [])
-    check_owned([p for name in names for p in outputs(out, name)] + [out / p for p in plots], "table",
-                c.get("overwrite", False))
+             "attention": ["attention"], "train_step": ["train_step"], "paper": [f"paper-{data}"]}.get(c.mode, [])
+    plots = {"sampling": [f"sampling-{data}-{arch}-latency.png"], "paper": [f"paper-{data}.png"]}.get(c.mode, [])
+    check_owned([p for name in names for p in outputs(out, name)] + [out / p for p in plots], "table", c.overwrite)
 
 
 def task(c, device):
-    if c["mode"] == "probes":
-        return probes(c["probes"]["clear"])
+    c = typed(BenchConfig, c)
+    if c.mode == "probes":
+        return probes(c.probes.clear)
     from ..benchmarks.progress import apply_quick
     c = apply_quick(c)                     # quick=true: about a minute on 2 cores
-    out = Path(c["out_dir"])
+    out = Path(c.out_dir)
     check_outputs(c, out)
-    info = dataset_info(c["data"])
+    info = dataset_info(plain(c.data))
     from ..benchmarks import report
-    if c["mode"] == "sampling":
+    if c.mode == "sampling":
         from ..benchmarks import sampling
         if device.type != "cpu":
             raise UserError("mode=sampling runs on the CPU in this version; use device=cpu.")
-        name = f"sampling-{c['data']['name']}-{c['arch_name']}"
-        result = sampling.run(c, c["model"], info, out_dir=out, out_name=name)     # rows written as they come
-        md = sampling.report(result, c, c["arch_name"], info, c["model"])
-        report.write_outputs(out, name, {"partial": False, "config": c, "machine": report.machine(), **result}, md)
-        sampling.plot_latency(out / f"{name}-latency.png", result, c["sampling"]["plot_batch"],
-                              log=c["sampling"]["plot_log"],
-                              title=f"Per-step latency, {c['arch_name']} architecture, {info.length} sub-pixels")
-    elif c["mode"] == "browser":
+        name = f"sampling-{c.data.name}-{c.arch_name}"
+        result = sampling.run(c, c.model, info, out_dir=out, out_name=name)     # rows written as they come
+        md = sampling.report(result, c, c.arch_name, info, c.model)
+        report.write_outputs(out, name, {"partial": False, "config": plain(c), "machine": report.machine(), **result}, md)
+        sampling.plot_latency(out / f"{name}-latency.png", result, c.sampling.plot_batch,
+                              log=c.sampling.plot_log,
+                              title=f"Per-step latency, {c.arch_name} architecture, {info.length} sub-pixels")
+    elif c.mode == "browser":
         from ..benchmarks import browser
-        result = browser.run(c, c["model"], info)
-        md = browser.report(result, c, c["arch_name"], info, c["model"])
-        report.write_outputs(out, f"browser-{c['data']['name']}-{c['arch_name']}",
-                             {"config": c, "machine": report.machine(), **result}, md)
-    elif c["mode"] == "compare":
+        result = browser.run(c, c.model, info)
+        md = browser.report(result, c, c.arch_name, info, c.model)
+        report.write_outputs(out, f"browser-{c.data.name}-{c.arch_name}",
+                             {"config": plain(c), "machine": report.machine(), **result}, md)
+    elif c.mode == "compare":
         from ..benchmarks import compare
         result, md = compare.run(c, evaluator(c, device))
         report.write_outputs(out, "compare", {"machine": report.machine(), **result}, md)
-    elif c["mode"] == "paper":
+    elif c.mode == "paper":
         from ..benchmarks import paper
         paper.run(c, evaluator(c, device))             # writes paper-<data>.json, .md and .png in out_dir
-    elif c["mode"] == "speedrun":
+    elif c.mode == "speedrun":
         from ..benchmarks import speedrun
         speedrun.run(c)
-    elif c["mode"] in ("attention", "train_step"):
+    elif c.mode in ("attention", "train_step"):
         from ..benchmarks import attention
-        run = attention.run_attention if c["mode"] == "attention" else attention.run_train_step
+        run = attention.run_attention if c.mode == "attention" else attention.run_train_step
         result, md = run(c, device, out_dir=out)             # rows written to out as they are measured
-        report.write_outputs(out, c["mode"], {"partial": False, "config": c, "machine": report.machine(), **result}, md)
+        report.write_outputs(out, c.mode, {"partial": False, "config": plain(c), "machine": report.machine(), **result}, md)
     else:
-        raise UserError(f"unknown mode {c['mode']!r}; choose one of {', '.join(MODES)}.")
+        raise UserError(f"unknown mode {c.mode!r}; choose one of {', '.join(MODES)}.")
 
 
 main = hydra_entry("bench", task)

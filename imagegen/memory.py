@@ -121,36 +121,36 @@ def check_request_fits(cfg, info, key="num_images", label_rows=0):
     config) would take more than 80% of the free CPU memory; it names the largest request that fits.
     label_rows: in grid mode, the classes that each get a row of nrow images (labels=auto or a list),
     which are then drawn instead of num_images."""
-    if cfg["mode"] == "complete":
-        images, k = cfg["num_originals"] * cfg["completions"], cfg["completions"]
-        tiles, nrow, prefix = cfg["num_originals"] * (k + 2), k + 2, info.length // 2
-        asked = f"num_originals={cfg['num_originals']} x completions={k} = {images:,} completions"
+    if cfg.mode == "complete":
+        images, k = cfg.num_originals * cfg.completions, cfg.completions
+        tiles, nrow, prefix = cfg.num_originals * (k + 2), k + 2, info.length // 2
+        asked = f"num_originals={cfg.num_originals} x completions={k} = {images:,} completions"
     elif label_rows:
-        images = tiles = label_rows * cfg["nrow"]
-        nrow, prefix, asked = cfg["nrow"], 0, f"nrow={cfg['nrow']:,} images for each of {label_rows} label rows"
+        images = tiles = label_rows * cfg.nrow
+        nrow, prefix, asked = cfg.nrow, 0, f"nrow={cfg.nrow:,} images for each of {label_rows} label rows"
     else:
-        images = tiles = cfg["num_images"]
-        nrow, prefix, asked = cfg["nrow"], 0, f"{key}={images:,} images"
-    need = output_bytes(info, images, tiles, nrow, cfg["scale"], prefix)
+        images = tiles = cfg.num_images
+        nrow, prefix, asked = cfg.nrow, 0, f"{key}={images:,} images"
+    need = output_bytes(info, images, tiles, nrow, cfg.scale, prefix)
     free = 0.8 * available_bytes(torch.device("cpu"))
     if need <= free:
         return
     fits = max(0, int(images * free / need))
-    if fits < max(1, label_rows) and cfg["scale"] > 1:  # not one image (one row each) at this scale: name the scale
-        low, high = 1, cfg["scale"]
+    if fits < max(1, label_rows) and cfg.scale > 1:  # not one image (one row each) at this scale: name the scale
+        low, high = 1, cfg.scale
         while low < high:                               # the largest scale at which the request fits
             mid = (low + high + 1) // 2
             low, high = (mid, high) if output_bytes(info, images, tiles, nrow, mid, prefix) <= free else (low, mid - 1)
         if output_bytes(info, images, tiles, nrow, low, prefix) <= free:
-            raise UserError(f"{asked} at scale={cfg['scale']:,} would need about {need / 2**30:.1f} GiB for the "
+            raise UserError(f"{asked} at scale={cfg.scale:,} would need about {need / 2**30:.1f} GiB for the "
                             f"grid, more than the {free / 2**30:.1f} GiB of free memory; lower the scale (at most "
                             f"about scale={low:,} fits).")
-    if cfg["mode"] == "complete":
+    if cfg.mode == "complete":
         hint = (f"at most about {fits:,} completions fit, e.g. num_originals={max(1, fits // k):,} with "
                 f"completions={k}" if fits >= k else f"at most about {fits:,} completions fit")
     elif label_rows:
-        hint = f"at most about nrow={max(1, fits // label_rows):,} fits at scale={cfg['scale']}"
+        hint = f"at most about nrow={max(1, fits // label_rows):,} fits at scale={cfg.scale}"
     else:
-        hint = f"at most about {fits:,} fit at scale={cfg['scale']}"
+        hint = f"at most about {fits:,} fit at scale={cfg.scale}"
     raise UserError(f"{asked} would need about {need / 2**30:.1f} GiB for the images and the grid, more than the "
                     f"{free / 2**30:.1f} GiB of free memory; ask for fewer ({hint}), or a lower scale.")

@@ -9,7 +9,7 @@ import imagegen
 from commands import call, one_line_error
 from fixtures import one_sentence
 from imagegen import api
-from imagegen.config import MAX_SEED, check_sample
+from imagegen.config import MAX_SEED, SampleConfig, check_sample
 from imagegen.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -185,11 +185,10 @@ def test_the_command_takes_class_names_as_the_api_does():
     from imagegen.data.sets import dataset_info
 
     names = dataset_info({"name": "cifar10"}).class_names
-    check_sample({"mode": "grid", "num_images": 2, "num_originals": 1, "completions": 1, "nrow": 2, "scale": 1,
-                  "batch_size": 2, "temperature": 1.0, "guidance": None, "seed": 0, "labels": ["cat", 5],
-                  "label": None})
-    cfg = labels_given({"label": None, "labels": ["cat", 5]}, 10, names)
-    assert cfg["labels"] == [3, 5]
+    check_sample(SampleConfig(num_images=2, num_originals=1, completions=1, nrow=2, scale=1, batch_size=2,
+                              labels=["cat", 5]))
+    cfg = labels_given(SampleConfig(labels=["cat", 5]), 10, names)
+    assert cfg.labels == [3, 5]
     with pytest.raises(UserError) as e:
-        labels_given({"label": None, "labels": ["kat"]}, 10, names)
+        labels_given(SampleConfig(labels=["kat"]), 10, names)
     assert "labels holds 'kat', which is neither a class number nor a class name" in one_sentence(e)

@@ -12,7 +12,7 @@ from ..api import load
 from ..store import checkpoint, shipped
 from ..training import distributed
 from .cli import hydra_entry
-from ..config import check_eval
+from ..config import EvalConfig, check_eval, typed
 from ..files import check_owned, write_owned
 from ..say import show
 
@@ -29,36 +29,36 @@ def evaluate(cfg, device):
 
 def evaluate_on(cfg, device, world):
     """imagegen-eval on one rank of `world`: Model.bits_per_dim (imagegen.api) of the split's images."""
+    cfg = typed(EvalConfig, cfg)
     check_eval(cfg)
-    path = shipped.resolve(cfg["checkpoint"])
-    out = checkpoint.eval_json(path, cfg["split"])
+    path = shipped.resolve(cfg.checkpoint)
+    out = checkpoint.eval_json(path, cfg.split)
     if world.main:                         # a user's file there: refused before the minutes of scoring
-        check_owned([out], "result", cfg.get("overwrite", False))
+        check_owned([out], "result", cfg.overwrite)
     model = load(path, device, threads=None)     # threads: the command fitted them (cli.resolve_device)
-    data = cfg["data"]
-    images, classes = model.load_split(cfg["split"], cfg["max_images"] or None, data.get("root"),
-                                       data.get("download"), data.get("mirror"))
+    data = cfg.data
+    images, classes = model.load_split(cfg.split, cfg.max_images or None, data.root, data.download, data.mirror)
     conditional = bool(model.class_names)
-    labels = classes if conditional and cfg.get("labels", True) else None
+    labels = classes if conditional and cfg.labels else None
     lsh = any(b.attn.name == "lsh" for b in model.module.blocks)
-    draws = cfg["lsh_draws"] if lsh else 1
-    plan = model.scoring_plan(cfg.get("precision", "float32"))    # auto: measured
+    draws = cfg.lsh_draws if lsh else 1
+    plan = model.scoring_plan(cfg.precision)    # auto: measured
     if world.main and plan.note:
         show(plan.note)
     start = time.perf_counter()
-    bpd = model.bits_per_dim(images, labels, cfg["batch_size"], lsh_draws=draws, lsh_seed=cfg["lsh_seed"],
-                             progress=cfg["progress"] and world.main, world=world, plan=plan, quiet=True)
-    result = {"bits_per_dim": bpd, "split": cfg["split"], "images": len(images),
-              "max_images": cfg["max_images"] or None, "dims": model.info.length,
+    bpd = model.bits_per_dim(images, labels, cfg.batch_size, lsh_draws=draws, lsh_seed=cfg.lsh_seed,
+                             progress=cfg.progress and world.main, world=world, plan=plan, quiet=True)
+    result = {"bits_per_dim": bpd, "split": cfg.split, "images": len(images),
+              "max_images": cfg.max_images or None, "dims": model.info.length,
               "attention": model.config["model"]["attention"], "lsh_draws": draws, "precision": plan.precision,
               "labels": None if not conditional else labels is not None, "checkpoint": str(path),
               "checkpoint_step": model.step, "checkpoint_mtime": path.stat().st_mtime,
               "seconds": time.perf_counter() - start}
     if not world.main:
         return result
-    write_owned(out, (json.dumps(result, indent=2) + "\n").encode(), "result", cfg.get("overwrite", False))
+    write_owned(out, (json.dumps(result, indent=2) + "\n").encode(), "result", cfg.overwrite)
     given = "" if not conditional else (", each given its label" if labels is not None else ", without labels")
-    show(f"{len(images)} {cfg['split']} images{given}, {draws} draw(s), {plan.precision}, {result['seconds']:.1f} s; "
+    show(f"{len(images)} {cfg.split} images{given}, {draws} draw(s), {plan.precision}, {result['seconds']:.1f} s; "
          f"wrote {out}")
     show(f"bits/dim: {bpd:.4f}")
     return result

@@ -31,9 +31,9 @@ def class_table(names, labels_by_split):
 def folder_report(d, cfg):
     """Build or check the folder's cache; returns (lines, training rows (None: the cache's grid is already
     drawn and no other was asked for), image shape, default grid path)."""
-    cache, why = source.open_cache(d, progress=cfg["progress"], check_only=cfg["check"])
+    cache, why = source.open_cache(d, progress=cfg.progress, check_only=cfg.check)
     where = source.cache_dir(d)
-    if cfg["check"] and cache is None:
+    if cfg.check and cache is None:
         show(f"the cache {where} of {d['root']} is out of date: {why}; run imagegen-data prepare without check=true "
               f"(or train) to build it")
         sys.exit(1)
@@ -62,7 +62,7 @@ def folder_report(d, cfg):
         raise source.empty_split("train", d["root"], len(cache.images))
     grid = where / "grid.png"
     fresh = why is None and grid.exists() and grid.stat().st_mtime >= (where / imagecache.MANIFEST).stat().st_mtime
-    train = None if fresh and not cfg["grid"] else source.ImageRows(cache.images, rows["train"])
+    train = None if fresh and not cfg.grid else source.ImageRows(cache.images, rows["train"])
     return lines, train, (s.height, s.width, s.channels), grid
 
 
@@ -81,36 +81,37 @@ def standard_report(d):
 
 
 def prepare(cfg, device):
-    from ..config import check_threads
+    from ..config import PrepareConfig, check_threads, plain, typed
 
-    check_threads(cfg.get("threads", 0))
-    d = {**cfg["data"], "workers": cfg["data"].get("workers") or cfg.get("threads", 0)}
-    if cfg["grid_images"] < 0 or cfg["nrow"] < 1 or cfg["scale"] < 1:
+    cfg = typed(PrepareConfig, cfg)
+    check_threads(cfg.threads)
+    d = {**plain(cfg.data), "workers": cfg.data.workers or cfg.threads}     # the data functions take a dict
+    if cfg.grid_images < 0 or cfg.nrow < 1 or cfg.scale < 1:
         raise UserError("grid_images must be >= 0, nrow and scale >= 1.")
-    if cfg["grid"]:
-        check_target(cfg["grid"], "grid")
-        image_format(cfg["grid"])              # an unknown suffix refused before any work
+    if cfg.grid:
+        check_target(cfg.grid, "grid")
+        image_format(cfg.grid)              # an unknown suffix refused before any work
     if d["name"] == "folder":
         lines, train, shape, default_grid = folder_report(d, cfg)
-    elif cfg["check"]:
+    elif cfg.check:
         raise UserError(f"check=true applies to data=folder, whose cache is built; {d['name']} is read from its "
                         f"official files each run.")
     else:
         lines, train, shape, default_grid = standard_report(d)
     show(*lines)
-    if cfg["check"] or not cfg["grid_images"]:
+    if cfg.check or not cfg.grid_images:
         return
     if train is None:
         show(f"grid of training images as the model sees them: {default_grid}")
         return
     from ..sampling.decode import grid
-    n = min(cfg["grid_images"], len(train))
+    n = min(cfg.grid_images, len(train))
     pick = np.sort(np.random.default_rng(0).choice(len(train), n, replace=False))
     images = train[pick].numpy().reshape(n, *shape)
-    out = Path(cfg["grid"]) if cfg["grid"] else default_grid
-    picture = grid(images, nrow=cfg["nrow"], scale=cfg["scale"])
-    ours = d["name"] == "folder" and not cfg["grid"]       # grid.png inside the cache folder imagegen built
-    write_owned(out, encode_image(picture, image_format(out, picture.mode)), "grid", cfg["overwrite"] or ours)
+    out = Path(cfg.grid) if cfg.grid else default_grid
+    picture = grid(images, nrow=cfg.nrow, scale=cfg.scale)
+    ours = d["name"] == "folder" and not cfg.grid       # grid.png inside the cache folder imagegen built
+    write_owned(out, encode_image(picture, image_format(out, picture.mode)), "grid", cfg.overwrite or ours)
     show(f"wrote {out} ({n} training images as the model sees them)")
 
 

@@ -4,17 +4,19 @@ and docs/runs.md)."""
 import sys
 
 from .cli import hydra_entry
+from ..config import PackConfig, UnpackConfig, typed
 
 
 def pack(cfg, device):
     from ..training.travel import pack_run
-    pack_run(cfg["run_dir"], cfg["out"], cfg["state"], cfg["best"], cfg["max_files"], cfg["max_file_mib"],
-             cfg["overwrite"])
+    cfg = typed(PackConfig, cfg)
+    pack_run(cfg.run_dir, cfg.out, cfg.state, cfg.best, cfg.max_files, cfg.max_file_mib, cfg.overwrite)
 
 
 def unpack(cfg, device):
     from ..training.travel import unpack_run
-    unpack_run(cfg["pack"], cfg["run_dir"], cfg["overwrite"])
+    cfg = typed(UnpackConfig, cfg)
+    unpack_run(cfg.pack, cfg.run_dir, cfg.overwrite)
 
 
 VERBS = {"pack": hydra_entry("pack", pack), "unpack": hydra_entry("unpack", unpack)}

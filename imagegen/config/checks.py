@@ -303,25 +303,25 @@ def class_numbers(labels, class_names, key="labels"):
 
 
 def check_sample(cfg):
-    if cfg["mode"] not in ("grid", "complete"):
-        raise UserError(f"unknown mode {cfg['mode']!r}; use mode=grid or mode=complete.")
-    if cfg.get("originals", "first") not in ("first", "per_class"):
-        raise UserError(f"originals must be first or per_class, got {cfg['originals']!r}.")
-    check_sampling(**{k: cfg[k] for k in ("num_images", "num_originals", "completions", "nrow", "scale",
-                                          "batch_size", "temperature", "guidance", "seed")})
-    labels = cfg.get("labels", "auto")
+    if cfg.mode not in ("grid", "complete"):
+        raise UserError(f"unknown mode {cfg.mode!r}; use mode=grid or mode=complete.")
+    if cfg.originals not in ("first", "per_class"):
+        raise UserError(f"originals must be first or per_class, got {cfg.originals!r}.")
+    check_sampling(**{k: getattr(cfg, k) for k in ("num_images", "num_originals", "completions", "nrow", "scale",
+                                                   "batch_size", "temperature", "guidance", "seed")})
+    labels = cfg.labels
     if not (labels in ("auto", "none", None) or (isinstance(labels, list) and labels and all(
             isinstance(v, str) or isinstance(v, int) and not isinstance(v, bool) for v in labels))):
         raise UserError(f"labels must be auto, none or a list of class numbers or names such as labels=[0,1,2], "
                         f"got {labels!r}.")
-    if cfg.get("label") is not None and isinstance(labels, list):
+    if cfg.label is not None and isinstance(labels, list):
         raise UserError("give label=N (one class for the whole grid) or labels=[...] (a row per class), not both.")
 
 
 def check_eval(cfg):
-    positive(cfg, ("batch_size", "lsh_draws"), "")
-    if cfg["max_images"] is not None:
-        positive(cfg, ("max_images",), "")
+    positive(vars(cfg), ("batch_size", "lsh_draws"), "")      # positive reads a section's dict (check_model's too)
+    if cfg.max_images is not None:
+        positive(vars(cfg), ("max_images",), "")
 
 
 def check_threads(threads):

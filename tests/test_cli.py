@@ -68,6 +68,7 @@ def test_train_and_eval_cifar(model, cifar_root, tmp_path):
     (["+model.attention_options.feature_map=favor"], "model.attention_options.feature_map is already an option: set "
                                                      "it without the + (model.attention_options.feature_map=favor)."),
     (["model.attention_options.n_features=many"], "model.attention_options.n_features=many"),
+    (["+train.bogus=1", "run_dir=/tmp/imagegen-never"], "train.bogus is no option of this command; drop it"),
 ])
 def test_train_errors_are_one_sentence(args, pattern, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

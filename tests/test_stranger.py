@@ -197,11 +197,14 @@ def test_threads_bounds_the_papers_training_jobs_and_prepares_workers(tmp_path, 
 
     from fixtures import write_class_folder
     from imagegen.benchmarks.paper import slots
+    from imagegen.config import BenchConfig, typed
     from imagegen.data import imagecache
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)     # a 4-core machine
     monkeypatch.setattr(imagecache, "default_workers", lambda: 4)
-    assert slots({"paper": {"jobs": 0}, "threads": 1}) == 1 and slots({"paper": {"jobs": 0}, "threads": 0}) == 4
+    def cfg(threads):
+        return typed(BenchConfig, {"mode": "paper", "paper": {"jobs": 0}, "threads": threads})
+    assert slots(cfg(1)) == 1 and slots(cfg(0)) == 4
     root = tmp_path / "pics"
     write_class_folder(root, per_class=2)
     proc = call("imagegen-data", "prepare", "data=folder", f"data.root={root}", "data.image_size=8", "threads=1",

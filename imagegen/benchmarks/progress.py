@@ -4,7 +4,7 @@ what it measured (its JSON says "partial": true until the last row). `quick=true
 settings that finish in about a minute on 2 cores (QUICK)."""
 import time
 
-from ..config import BenchConfig, typed
+from ..config import BenchConfig, plain, typed
 from .report import write_outputs
 
 # per mode, the settings quick=true overrides, by section (the architecture is the preset's)
@@ -32,7 +32,7 @@ def apply_quick(c):
     c = typed(BenchConfig, c)
     if not c.quick:
         return c
-    c = typed(BenchConfig, OmegaConf.merge(c, QUICK.get(c.mode, {})))
+    c = typed(BenchConfig, OmegaConf.merge(plain(c), QUICK.get(c.mode, {})))
     if c.mode == "train_step":
         name, lengths = c.data.name, c.train_step.lengths
         c.train_step.lengths = {name: lengths[name]} if name in lengths else lengths

@@ -312,8 +312,8 @@ def launcher(config_name):
 
 
 def hydra_entry(config_name, task):
-    """A command module's main() running `task(cfg, device)` under Hydra, cfg a plain dict with
-    `device` and `threads` keys; overrides are type-checked first and UserErrors print as one line.
+    """A command module's main() running `task(cfg, device)` under Hydra, cfg the command's schema dataclass
+    (config/schema.py, its `device` and `threads` included); overrides are type-checked first and UserErrors print as one line.
     A command whose table entry says uses_device=False gets task(cfg, None), and no torch."""
     import hydra
     from omegaconf import OmegaConf
@@ -341,8 +341,8 @@ def hydra_entry(config_name, task):
                 if missing:
                     raise UserError(f"{command_name(config_name)} needs {', '.join(f'{k}=...' for k in missing)}; "
                                     f"see {command_name(config_name)} --help.")
-                plain = OmegaConf.to_container(cfg, resolve=True)
-                task(plain, resolve_device(plain["device"], plain["threads"]) if uses_device else None)
+                obj = config.composed(cfg)               # the schema's dataclass, every value typed and resolved
+                task(obj, resolve_device(obj.device, obj.threads) if uses_device else None)
             except UserError as e:
                 sys.exit(f"error: {e}")
             except KeyboardInterrupt:

@@ -14,18 +14,19 @@ from .typed import plain, typed
 
 def attention_options(attention, options, schema=None):
     """A model config's attention_options (a plain dict as configs and checkpoints hold it: empty, partial
-    or whole) as the attention's options dataclass, the missing ones at their defaults; a UserError of one
+    or whole; or the options dataclass a composed config holds) as the attention's options dataclass, the missing ones at their defaults; a UserError of one
     sentence for an option the attention does not have or a value of the wrong type. schema: the options
     dataclass (None: ATTENTION_OPTIONS[attention])."""
     schema = schema or ATTENTION_OPTIONS[attention]
     known = {f.name: f.type for f in fields(schema)}
-    for key, value in (options or {}).items():
+    options = plain(options or {})
+    for key, value in options.items():
         if key not in known:
             raise UserError(unknown_option(attention, key, schema))
         if not fits(value, known[key]):
             raise UserError(f"model.attention_options.{key} of the {attention} attention must be "
                             f"{type_name(known[key])}, got {value!r}.")
-    return schema(**(options or {}))
+    return schema(**options)
 
 
 def unknown_option(attention, key, schema=None):
@@ -328,3 +329,28 @@ def check_threads(threads):
     """threads (a command's threads=, the API's load(threads=)) a whole number >= 0; one sentence otherwise.
     Every command checks it at start, those that run no torch too (imagegen.tuning.threads caps it at the cores)."""
     whole(threads, "threads", 0, note=" (0: the cores free now; N: N threads, at most the cores)")
+
+
+def composed(node):
+    """A command's composed config (an OmegaConf node of its schema) as the schema's dataclass, resolved; a
+    UserError of one sentence for a key added with + that the schema has no field for (to_object drops it)."""
+    from omegaconf import OmegaConf
+
+    whole = OmegaConf.to_container(node, resolve=True)
+    model = whole.get("model")
+    if isinstance(model, dict) and model.get("attention_options"):
+        attention_options(model["attention"], model["attention_options"])     # the sentence that names its options
+    obj = OmegaConf.to_object(node)
+    extra = next(iter(_extra(whole, plain(obj))), None)
+    if extra:
+        raise UserError(f"{extra} is no option of this command; drop it (see the command's --help).")
+    return obj
+
+
+def _extra(whole, kept, prefix=""):
+    """The dotted keys of `whole` (a nested dict) that `kept` lacks."""
+    for key, value in whole.items():
+        if key not in kept:
+            yield prefix + str(key)
+        elif isinstance(value, dict) and isinstance(kept[key], dict):
+            yield from _extra(value, kept[key], f"{prefix}{key}.")

@@ -16,3 +16,4 @@ def typed(schema, cfg):
 def plain(cfg):
     """A typed config (or a part of one) as the plain dict a checkpoint or a JSON record stores."""
     return asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+

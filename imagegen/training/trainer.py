@@ -209,7 +209,7 @@ class Trainer:
         """Build the C++ kernel (first use: a minute) now, so its time stays out of the budget and the rate."""
         m = self.cfg.model
         if (self.device.type == "cpu" and m.attention == "linear"
-                and m.attention_options.get("impl", "auto") in ("auto", "kernel")):
+                and plain(m.attention_options or {}).get("impl", "auto") in ("auto", "kernel")):
             ensure_kernel("cpu")
 
     def save(self, name):

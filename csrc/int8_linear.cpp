@@ -17,23 +17,8 @@
 // 32-bit lane of vpdpbusd), so one group of one panel is 4 zmm of 64 bytes. Padding (k >= K,
 // o >= O) is zero; x's padding is xs = 0.
 //
-// Three loops compute the same int32 sums (so the same outputs, up to the final multiply-add's
-// rounding), the "forms" of the product: int8_panel_vnni with AVX512-VNNI intrinsics, int8_panel_avx2
-// with AVX2's, int8_panel elsewhere (vector extensions, products widened to int32). The best form the
-// CPU has runs ("auto"; a runtime check, so portable builds use them too); the `form` argument of
-// decode_linear_int8, decode_linear and decode_step takes a lesser one, e.g. the AVX2 form on an AVX-512
-// CPU, as an AVX2-only CPU would run it (imagegen.ops.int8.forced_form).
-//
-// The AVX2 form and vpmaddubsw's saturation. vpmaddubsw multiplies unsigned by signed bytes and adds
-// each adjacent pair of products into a signed 16-bit lane, saturating: with xu = xs + 128 up to 255
-// and q = 127, a pair is 2 * 255 * 127 = 64770 > 32767. So the AVX2 form does not take xu; it takes the
-// sign trick: u = |q| (unsigned, at most 128, q = -128 included) against s = xs * sign(q) (vpsignb;
-// |xs| <= 127 since the quantizer clamps to [-127, 127], so the negation never wraps). u * s = xs q,
-// each pair at most 2 * 128 * 127 = 32512 in magnitude: no saturation, exact, and the sums are
-// sum_k xs q directly (no colsum offset). vpmaddwd by ones then adds the pairs into int32 lanes.
-// Costs per row and 8 columns x 4 k: vpsignb, vpmaddubsw, vpmaddwd, vpaddd (|q| once for all rows),
-// against VNNI's one vpdpbusd. (Rejected: 7-bit activations, as fbgemm does on AVX2, which change the
-// quantization and so the outputs; widening to 16 bits, which doubles the accumulators.)
+// Three forms compute the same int32 sums: int8_panel_vnni (AVX512-VNNI), int8_panel_avx2 (AVX2, a sign
+// trick against vpmaddubsw's saturation) and int8_panel (elsewhere); why, in docs/notes/code-measurements.md.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -100,3 +101,12 @@ def browser(tmp_path_factory):
                                                        executable_path=CHROMIUM, headless=True, args=FLAGS)
         yield context
         context.close()
+
+
+@pytest.fixture
+def serve():
+    """serve(folder) -> base URL of a static server on 127.0.0.1 for that folder (the exported page's tests)."""
+    from imagegen.benchmarks.browser import serve as serve_folder
+    with contextlib.ExitStack() as stack:
+        yield lambda folder: stack.enter_context(serve_folder(folder))
+

@@ -267,6 +267,10 @@ class Model:
                         progress=progress, desc=f"{plan.loop} completing")
         return to_images(seqs, self.info).reshape(len(images), n, *images.shape[1:])
 
+    def scoring_draws(self, lsh_draws: int) -> int:
+        """The hash draws bits_per_dim averages over: lsh_draws for a model with LSH attention, else 1."""
+        return lsh_draws if any(b.attn.name == "lsh" for b in self.module.blocks) else 1
+
     def bits_per_dim(self, images: np.ndarray, labels: Labels = None, batch_size: int = 32,
                      precision: str = "float32", lsh_draws: int = 1, lsh_seed: int = 0, progress: bool = False,
                      world: World | None = None, plan: Plan | None = None, quiet: bool = False) -> float:
@@ -299,7 +303,7 @@ class Model:
         plan = plan or self.scoring_plan(precision)
         x = torch.from_numpy(images.reshape(len(images), -1))
         lsh = [b.attn for b in self.module.blocks if b.attn.name == "lsh"]
-        draws = lsh_draws if lsh else 1
+        draws = self.scoring_draws(lsh_draws)
         seeds = [attn.eval_seed for attn in lsh]
         nats = []
         try:

@@ -40,8 +40,7 @@ def evaluate_on(cfg, device, world):
     images, classes = model.load_split(cfg.split, cfg.max_images or None, data.root, data.download, data.mirror)
     conditional = bool(model.class_names)
     labels = classes if conditional and cfg.labels else None
-    lsh = any(b.attn.name == "lsh" for b in model.module.blocks)
-    draws = cfg.lsh_draws if lsh else 1
+    draws = model.scoring_draws(cfg.lsh_draws)
     plan = model.scoring_plan(cfg.precision)    # auto: measured
     if world.main and plan.note:
         show(plan.note)

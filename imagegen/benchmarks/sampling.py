@@ -149,7 +149,8 @@ def skip_reason(cfg, model_cfg, info, model, name, attention, sampler, batch, dt
 
 def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
     """cfg: the bench config (a BenchConfig, or a dict of one; its options: cfg.sampling); model_cfg: architecture
-    (a ModelConfig, or a dict of one; attention swapped per method). With out_dir: the plan first, and out_dir/out_name.json and .md rewritten after every batch size."""
+    (a ModelConfig, or a dict of one; attention swapped per method). With out_dir: the plan first, and
+    out_dir/out_name.json and .md rewritten after every batch size."""
     cfg, model_cfg = typed(BenchConfig, cfg), typed(ModelConfig, model_cfg)
     s = cfg.sampling
     torch.manual_seed(cfg.seed)
@@ -161,7 +162,8 @@ def run(cfg, model_cfg, info, out_dir=None, out_name="sampling"):
 
     def render(rows):
         result = summarize(rows, positions, precisions, curves)
-        return {"config": plain(cfg), "machine": machine(), **result}, report(result, cfg, cfg.arch_name, info, model_cfg)
+        payload = {"config": plain(cfg), "machine": machine(), **result}
+        return payload, report(result, cfg, cfg.arch_name, info, model_cfg)
 
     def batches_of(name):
         return s.step_batches if METHODS[name][1] == "step" else s.recompute_batches

@@ -87,7 +87,8 @@ def task(c, device):
         name = f"sampling-{c.data.name}-{c.arch_name}"
         result = sampling.run(c, c.model, info, out_dir=out, out_name=name)     # rows written as they come
         md = sampling.report(result, c, c.arch_name, info, c.model)
-        report.write_outputs(out, name, {"partial": False, "config": plain(c), "machine": report.machine(), **result}, md)
+        report.write_outputs(out, name, {"partial": False, "config": plain(c), "machine": report.machine(), **result},
+                             md)
         sampling.plot_latency(out / f"{name}-latency.png", result, c.sampling.plot_batch,
                               log=c.sampling.plot_log,
                               title=f"Per-step latency, {c.arch_name} architecture, {info.length} sub-pixels")
@@ -111,7 +112,8 @@ def task(c, device):
         from ..benchmarks import attention
         run = attention.run_attention if c.mode == "attention" else attention.run_train_step
         result, md = run(c, device, out_dir=out)             # rows written to out as they are measured
-        report.write_outputs(out, c.mode, {"partial": False, "config": plain(c), "machine": report.machine(), **result}, md)
+        payload = {"partial": False, "config": plain(c), "machine": report.machine(), **result}
+        report.write_outputs(out, c.mode, payload, md)
     else:
         raise UserError(f"unknown mode {c.mode!r}; choose one of {', '.join(MODES)}.")
 

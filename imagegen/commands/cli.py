@@ -313,7 +313,8 @@ def launcher(config_name):
 
 def hydra_entry(config_name, task):
     """A command module's main() running `task(cfg, device)` under Hydra, cfg the command's schema dataclass
-    (config/schema.py, its `device` and `threads` included); overrides are type-checked first and UserErrors print as one line.
+    (config/schema.py, its `device` and `threads` included); overrides are type-checked first and UserErrors
+    print as one line.
     A command whose table entry says uses_device=False gets task(cfg, None), and no torch."""
     import hydra
     from omegaconf import OmegaConf

@@ -14,9 +14,9 @@ from .typed import plain, typed
 
 def attention_options(attention, options, schema=None):
     """A model config's attention_options (a plain dict as configs and checkpoints hold it: empty, partial
-    or whole; or the options dataclass a composed config holds) as the attention's options dataclass, the missing ones at their defaults; a UserError of one
-    sentence for an option the attention does not have or a value of the wrong type. schema: the options
-    dataclass (None: ATTENTION_OPTIONS[attention])."""
+    or whole; or the options dataclass a composed config holds) as the attention's options dataclass, the
+    missing ones at their defaults; a UserError of one sentence for an option the attention does not have or a
+    value of the wrong type. schema: the options dataclass (None: ATTENTION_OPTIONS[attention])."""
     schema = schema or ATTENTION_OPTIONS[attention]
     known = {f.name: f.type for f in fields(schema)}
     options = plain(options or {})

@@ -14,9 +14,8 @@ from .typed import plain, typed
 
 __all__ = ["ACTIVATIONS", "attention_options", "ATTENTION_OPTIONS", "BenchConfig", "check_classes", "check_device",
            "composed", "check_eval", "check_model", "check_sample", "check_sampling", "check_threads", "check_train",
-           "CheckpointCommand",
-           "class_numbers", "ConvertConfig", "DataConfig", "DataOverride", "describe", "EvalConfig", "ExportConfig",
-           "fits", "fraction", "full_attention_options", "LinearOptions", "LSHOptions", "MAX_SEED", "ModelConfig",
-           "opt", "options", "PackConfig", "plain", "PlotConfig", "positive", "PrepareConfig", "register",
-           "SampleConfig", "SCHEMAS", "sections", "shown", "SoftmaxOptions", "TrainConfig", "TrainOptions", "type_name", "typed",
-           "unknown_option", "UnpackConfig", "whole"]
+           "CheckpointCommand", "class_numbers", "ConvertConfig", "DataConfig", "DataOverride", "describe",
+           "EvalConfig", "ExportConfig", "fits", "fraction", "full_attention_options", "LinearOptions", "LSHOptions",
+           "MAX_SEED", "ModelConfig", "opt", "options", "PackConfig", "plain", "PlotConfig", "positive",
+           "PrepareConfig", "register", "SampleConfig", "SCHEMAS", "sections", "shown", "SoftmaxOptions",
+           "TrainConfig", "TrainOptions", "type_name", "typed", "unknown_option", "UnpackConfig", "whole"]

@@ -286,8 +286,8 @@ def test_page_samples_a_grid_from_the_local_server_only(browser, serve, tmp_path
     ck = tiny_checkpoint(tmp_path / "tiny.pt", data_root=mnist_root)
     site = export_site(ck, tmp_path / "site", examples=4)
     assert sorted(p.name for p in site.iterdir() if p.name != ".imagegen-files.json") == [
-        "config.json", "examples.bin", "index.html", "kernels.wasm", "model.safetensors", "page.js", "sampler.js",
-        "worker.js"]
+        "config.json", "draw.js", "examples.bin", "index.html", "kernels.wasm", "model.safetensors", "page.js",
+        "sampler.js", "worker.js"]
     url = serve(site)
     page = open_page(browser, url + "?n=4&seed=5")
     page.wait_for_function("window.imagegen.status === 'done'", timeout=30_000)

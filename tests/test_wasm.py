@@ -20,7 +20,8 @@ def test_batched_products_equal_the_reference(browser, serve, tmp_path):
     page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
     assert page.evaluate("window.imagegen.engine") == "WebAssembly SIMD"     # Chromium runs it
     worst = page.evaluate("""async () => {
-      const {WasmKernels, dense, denseReference, uniformGenerator} = await import("./sampler.js");
+      const {WasmKernels, dense, denseReference} = await import("./sampler.js");
+      const {uniformGenerator} = await import("./draw.js");
       const wasm = WasmKernels.create(new Uint8Array(await (await fetch("kernels.wasm")).arrayBuffer()));
       const rand = uniformGenerator(3), fill = (k) => Float32Array.from({length: k}, () => 2 * rand() - 1);
       const worst = {js: 0, wasm: 0};
@@ -54,7 +55,8 @@ def test_wasm_attention_equals_the_javascript_recurrence(browser, serve, tmp_pat
     ck = tiny_checkpoint(tmp_path / "tiny.pt")
     page = open_page(browser, serve(export_site(ck, tmp_path / "site")) + "?autostart=0")
     worst = page.evaluate("""async () => {
-      const {Model, WasmKernels, uniformGenerator} = await import("./sampler.js");
+      const {Model, WasmKernels} = await import("./sampler.js");
+      const {uniformGenerator} = await import("./draw.js");
       const wasm = WasmKernels.create(new Uint8Array(await (await fetch("kernels.wasm")).arrayBuffer()));
       const rand = uniformGenerator(5);
       const fill = (k, lo = -1) => Float32Array.from({length: k}, () => lo + (1 - lo) * rand());

@@ -10,7 +10,8 @@
 //               | {type: "error", message}
 // msPerStep: per sampled position (the prefix is fed in one pass beforehand, prefixMs); row/rows count
 // the image rows sampled, not the given ones.
-import {Model, WasmKernels, draw, parseSafetensors, probs, uniformGenerator} from "./sampler.js";
+import {draw, probs, uniformGenerator} from "./draw.js";
+import {Model, WasmKernels, parseSafetensors} from "./sampler.js";
 
 let model = null, current = 0, jsModel = null;
 const weightsFile = () => fetch("model.safetensors").then((r) => r.arrayBuffer());

@@ -1,3 +1,3 @@
-"""The browser page (index.html, page.js, worker.js, sampler.js) and the site an export writes (site.py)."""
+"""The browser page (index.html, page.js, worker.js, sampler.js, draw.js) and the site an export writes (site.py)."""
 
 __all__ = ["site"]

@@ -3,6 +3,7 @@
 The site, servable by any static file server (python -m http.server -d DIR):
   index.html, page.js        the page: grid sampling, completion of a drawn top half, window.imagegen
   worker.js, sampler.js      the sampling loop (Web Worker) and the arithmetic of PixelTransformer.step
+  draw.js                    the heads' probabilities and the seeded draw
   kernels.wasm               the products and the attention on WebAssembly SIMD (kernels.wat assembled)
   model.safetensors          the state_dict in float32 (8-byte LE header length, JSON header, raw LE data);
                              precision=int8: each Dense layer's weight X.weight int8 beside its float32
@@ -28,7 +29,7 @@ from ..ops import EPS
 from ..store.shipped import int8_state
 
 WEB_DIR = Path(__file__).resolve().parent
-PAGE_FILES = ("index.html", "page.js", "worker.js", "sampler.js", "kernels.wasm")
+PAGE_FILES = ("index.html", "page.js", "worker.js", "sampler.js", "draw.js", "kernels.wasm")
 
 
 def safetensors_bytes(tensors):

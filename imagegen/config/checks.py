@@ -336,20 +336,20 @@ def composed(node):
     UserError of one sentence for a key added with + that the schema has no field for (to_object drops it)."""
     from omegaconf import OmegaConf
 
-    whole = OmegaConf.to_container(node, resolve=True)
-    model = whole.get("model")
+    tree = OmegaConf.to_container(node, resolve=True)
+    model = tree.get("model")
     if isinstance(model, dict) and model.get("attention_options"):
         attention_options(model["attention"], model["attention_options"])     # the sentence that names its options
     obj = OmegaConf.to_object(node)
-    extra = next(iter(_extra(whole, plain(obj))), None)
+    extra = next(iter(_extra(tree, plain(obj))), None)
     if extra:
         raise UserError(f"{extra} is no option of this command; drop it (see the command's --help).")
     return obj
 
 
-def _extra(whole, kept, prefix=""):
-    """The dotted keys of `whole` (a nested dict) that `kept` lacks."""
-    for key, value in whole.items():
+def _extra(tree, kept, prefix=""):
+    """The dotted keys of `tree` (a nested dict) that `kept` lacks."""
+    for key, value in tree.items():
         if key not in kept:
             yield prefix + str(key)
         elif isinstance(value, dict) and isinstance(kept[key], dict):

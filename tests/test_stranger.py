@@ -1,6 +1,8 @@
 """A stranger's machine, round 2 (issue 54): every writer asks first, untrusted names never reach the
 terminal raw, every number is checked before it is used. One test (or more) per row of the issue's table,
 each failing before its fix."""
+import json
+
 import pytest
 
 from commands import call, one_line_error
@@ -127,6 +129,14 @@ def test_a_tilde_in_a_data_root_or_imagegen_data_is_the_home_folder(mnist_root, 
     for root in (None, "~/d/mnist"):
         x, _ = model.load_split("test", root=root, download=False)
         assert len(x) == 16 and not (tmp_path / "~").exists()
+
+
+def test_convert_ships_a_train_init_path_as_its_folder_and_file_not_this_machines_path(tmp_path):
+    def with_init(payload):
+        return {**payload["config"], "train": {"init": str(tmp_path / "run1" / "best.pt")}}
+
+    assert convert(tiny_checkpoint(tmp_path / "m.pt", config=with_init), tmp_path / "m").returncode == 0
+    assert json.loads((tmp_path / "m.json").read_text())["config"]["train"]["init"] == "run1/best.pt"
 
 
 # ---------------------------------------------------------------- row 11: advice that leads somewhere

@@ -50,6 +50,9 @@ def convert(cfg, device):
     if data.get("root") is not None:
         data["root"] = str(Path(data["root"]).expanduser().absolute())
     config = json.loads(json.dumps(shipped.shippable_config(ck["config"], data)))     # as OUT.json will hold it
+    init = config.get("train", {}).get("init")
+    if init and Path(init).is_absolute():         # like source: the run's folder and file, not this machine's path
+        config["train"]["init"] = f"{Path(init).parent.name}/{Path(init).name}"
     blob = shipped.weights_bytes(shipped.int8_state(model) if precision == "int8" else model.state_dict())
     if cfg.check_images:
         from safetensors.torch import load as load_weights

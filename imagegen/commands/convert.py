@@ -23,11 +23,6 @@ from ..errors import UserError
 from ..say import show
 
 
-def run_file(path):
-    """A checkpoint's run folder and file name (runs/a/best.pt -> a/best.pt): what a shipped record names."""
-    return f"{path.parent.name}/{path.name}"
-
-
 def convert(cfg, device):
     """Write the files; returns the record stored in OUT.json. The .json keeps the checkpoint's data
     section (its root included, made absolute; keep_root=false: empty), with the non-null data.* values
@@ -46,7 +41,7 @@ def convert(cfg, device):
     if "record" in ck:            # a shipped model converted again (another precision, a new check): its record kept
         record = dict(ck["record"])
     else:                         # source: the run's folder and file, not this machine's path (the record ships)
-        record = {"source": run_file(path), "step": state.get("step"),
+        record = {"source": shipped.run_file(path), "step": state.get("step"),
                   "minutes": round(state.get("elapsed", 0) / 60, 1),
                   "val_bits_per_dim": state.get("best_val"), "averaged_weights": "ema" in ck,
                   "n_params": sum(p.numel() for p in model.parameters())}
@@ -55,9 +50,6 @@ def convert(cfg, device):
     if data.get("root") is not None:
         data["root"] = str(Path(data["root"]).expanduser().absolute())
     config = json.loads(json.dumps(shipped.shippable_config(ck["config"], data)))     # as OUT.json will hold it
-    init = config.get("train", {}).get("init")
-    if init and Path(init).is_absolute():         # like source: the run's folder and file, not this machine's path
-        config["train"]["init"] = run_file(Path(init))
     blob = shipped.weights_bytes(shipped.int8_state(model) if precision == "int8" else model.state_dict())
     if cfg.check_images:
         from safetensors.torch import load as load_weights

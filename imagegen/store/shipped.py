@@ -96,7 +96,15 @@ def shippable_config(config, data=None):
     if "impl" in model["attention_options"]:
         model["attention_options"]["impl"] = "auto"
     data = {**config["data"], "root": None} if data is None else dict(data)
-    return {"model": model, "data": data, "train": dict(config.get("train", {}))}
+    train = dict(config.get("train", {}))
+    if train.get("init") and Path(train["init"]).is_absolute():     # not the path of the machine that trained it
+        train["init"] = run_file(Path(train["init"]))
+    return {"model": model, "data": data, "train": train}
+
+
+def run_file(path):
+    """A checkpoint's run folder and file name (runs/a/best.pt -> a/best.pt): what a shipped record names."""
+    return f"{path.parent.name}/{path.name}"
 
 
 WRITE_FIX = "free space or choose another out=..."

@@ -73,6 +73,9 @@ def test_each_group_follows_the_schedule_from_its_own_peak():
     assert lr_factor(t, 60, 0) == pytest.approx(0.1 + 0.9 * 0.5)
     assert lr_factor(t, 110, 0) == pytest.approx(0.1)
     assert lr_factor(replace(t, max_minutes=1.0), 10, 30.0) == pytest.approx(0.55)      # the time budget binds
+    linear = replace(t, decay="linear")
+    assert lr_factor(linear, 9, 0) == pytest.approx(1.0) and lr_factor(linear, 35, 0) == pytest.approx(0.1 + 0.9 * 0.75)
+    assert lr_factor(linear, 110, 0) == pytest.approx(0.1) and lr_factor(linear, 500, 0) == pytest.approx(0.1)
     model = tiny_model()
     opt = make_optimizer(model, replace(MUON, muon_lr=0.05))
     assert [g["lr"] for g in opt.param_groups] == [0.05, 1e-2]
@@ -209,6 +212,7 @@ def test_muon_in_bfloat16_is_torchs_and_in_float32_near_float64():
 
 @pytest.mark.parametrize("arg,pattern", [
     ("train.optimizer=lion", "train.optimizer must be adamw, adam, radam or muon"),
+    ("train.decay=step", "train.decay must be cosine or linear"),
     ("train.muon_lr=nan", "train.muon_lr must be a finite number > 0"),
     ("train.muon_lr=-1", "train.muon_lr must be a positive number"),
     ("train.muon_momentum=1.0", "train.muon_momentum must lie in [0, 1)"),

@@ -170,6 +170,8 @@ def check_recipe(t):
     """The speedrun's options of the train section (TrainOptions): Muon's, the validation target."""
     if t.optimizer not in ("adamw", "adam", "radam", "muon"):
         raise UserError(f"train.optimizer must be adamw, adam, radam or muon, got {shown(t.optimizer)}.")
+    if t.decay not in ("cosine", "linear"):
+        raise UserError(f"train.decay must be cosine or linear, got {shown(t.decay)}.")
     if t.muon_lr is not None:
         positive(vars(t), ("muon_lr",), "train.")
     if not 0 <= t.muon_momentum < 1:

@@ -122,12 +122,13 @@ class TrainOptions:
                                             "budget); imagegen-bench mode=speedrun times runs to it")
     betas: List[float] = opt([0.9, 0.98], "Adam's two decay rates")
     weight_decay: float = opt(0.0, "decoupled weight decay (adamw) or L2 penalty")
-    warmup_steps: int = opt(100, "steps of linear warmup before the cosine decay")
-    min_lr_ratio: float = opt(0.0, "the cosine decay ends at lr * min_lr_ratio")
+    warmup_steps: int = opt(100, "steps of linear warmup before the decay")
+    decay: str = opt("cosine", "the decay after warmup to lr * min_lr_ratio at the budget's end: cosine or linear")
+    min_lr_ratio: float = opt(0.0, "the decay ends at lr * min_lr_ratio")
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0: no clipping)")
     max_steps: int = opt(100000, "stop after this many optimizer steps")
     max_minutes: Optional[float] = opt(None, "stop after this many minutes of training (null: no time budget); "
-                                             "the cosine schedule follows whichever budget runs out first")
+                                             "the decay follows whichever budget runs out first")
     clock: str = opt("wall", "what train.max_minutes and the logged minutes count in training steps: wall (the "
                              "wall clock) or cpu (this process's CPU time: its own work on a shared machine, "
                              "for threads=1; imagegen-bench mode=paper uses it)")

@@ -41,15 +41,16 @@ from .signals import StopRequest
 
 
 def lr_factor(t, step, elapsed):
-    """The share of each group's peak learning rate at `step`: linear warmup, then cosine decay to
-    min_lr_ratio over the step or time budget, whichever runs out first."""
+    """The share of each group's peak learning rate at `step`: linear warmup, then a cosine or linear
+    (train.decay) decay to min_lr_ratio over the step or time budget, whichever runs out first."""
     if step < t.warmup_steps:
         return (step + 1) / t.warmup_steps
     progress = (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps)
     if t.max_minutes:
         progress = max(progress, elapsed / (60 * t.max_minutes))
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return t.min_lr_ratio + (1 - t.min_lr_ratio) * cosine
+    progress = min(1.0, progress)
+    left = 1 - progress if t.decay == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return t.min_lr_ratio + (1 - t.min_lr_ratio) * left
 
 
 def zero_output_projections(model):

@@ -104,13 +104,15 @@ def test_the_record_table_compares_each_run_with_the_record_before_it():
         {**base, "change": "baseline", "cpu_seconds": 600.0, "kept": True, "useful_gflops": 50.0},
         {**base, "change": "worse", "cpu_seconds": 900.0, "kept": False},
         {**base, "change": "better", "cpu_seconds": 120.0, "kept": True},
-        {**base, "change": "next", "cpu_seconds": None, "kept": None}]}
+        {**base, "change": "next", "cpu_seconds": None, "kept": None},
+        {**base, "change": "elsewhere", "cpu": "Y", "cpu_seconds": 60.0, "kept": True}]}
     lines = speedrun.table(record).splitlines()
     rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| mnist")}
     assert "| 10.00 | - |" in rows["baseline"] and "| 50 | 25 |" in rows["baseline"]
     assert "| 15.00 | 10.00 |" in rows["worse"] and "dropped" in rows["worse"]
     assert "| 2.00 | 10.00 |" in rows["better"] and "kept" in rows["better"]
     assert "| - | 2.00 |" in rows["next"] and "pending" in rows["next"]
+    assert "| 1.00 | - |" in rows["elsewhere"]                   # another CPU's record is not this one's
     assert "X: float32 100, bfloat16 200 GFLOP/s" in lines[2]
     record["peaks"]["X"]["bfloat16"] = 5.0                       # emulated: no share of it
     assert "| 50 | - |" in speedrun.table(record)

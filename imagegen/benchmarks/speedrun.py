@@ -169,10 +169,11 @@ def shares(rate, peaks):
 
 
 def table(record):
-    """The record table: every run, in the order tried, its time to target beside the record before it."""
+    """The record table: every run, in the order tried, its time to target beside the record before it on the
+    same CPU model (CPU-minutes of different cores do not compare)."""
     rows, best = [], {}
     for r in record["rows"]:
-        key = (r["data"], r["target"], r["threads"])
+        key = (r["data"], r["target"], r["threads"], r["cpu"])
         before = best.get(key)
         rows.append({**r, "minutes": minutes(r["cpu_seconds"]), "record_before": minutes(before),
                      "verdict": {True: "kept", False: "dropped", None: "pending"}[r.get("kept")],
